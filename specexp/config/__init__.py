@@ -1,0 +1,1 @@
+"""Config layer: typed schema, Hydra composition, sweep expansion into Variants."""

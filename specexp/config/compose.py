@@ -1,0 +1,183 @@
+"""Compose configs with Hydra and expand sweep overrides into Variants.
+
+Hydra's own ``OverridesParser`` reads the grammar (``a,b``, ``range()``,
+``choice()``, ``glob()``), so sweeps mean exactly what they mean in any Hydra
+app; specexp takes the cartesian product itself so the whole variant list
+exists before anything launches (printable, validated, resumable). ``@hydra.main``
+is not used: it cannot sit behind a ``sweep`` subcommand and it changes the
+working directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, cast
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specexp.config.schema import Config, register
+from specexp.config.variant import Variant
+from specexp.errors import ConfigError
+from specexp.paths import conf_dir
+
+SPEC_KEYS = ("spec", "spec.")  # overrides that belong to the speculative part of a variant
+
+
+@contextmanager
+def hydra_context() -> Iterator[None]:
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="specexp"):
+        yield
+    GlobalHydra.instance().clear()
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra wraps the useful message (with the full key) in ``__cause__``; keep one line."""
+    parts: list[str] = []
+    cur: BaseException | None = exc
+    while cur is not None:
+        text = str(cur).strip()
+        full_key = ""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        for ln in lines:
+            if ln.startswith("full_key:"):
+                full_key = ln.split(":", 1)[1].strip()
+        first = lines[0] if lines else type(cur).__name__
+        if full_key and full_key not in first:
+            first = f"{full_key}: {first}"
+        parts.append(first)
+        cur = cur.__cause__ or cur.__context__
+    # the innermost cause is the most specific; say what Hydra was doing too
+    return parts[-1] if len(parts) == 1 else f"{parts[-1]} ({parts[0]})"
+
+
+def compose_config(overrides: Sequence[str]) -> tuple[Config, dict[str, Any]]:
+    """Compose ``conf/config.yaml`` with plain (non-sweep) overrides; needs ``hydra_context``."""
+    try:
+        cfg = compose(config_name="config", overrides=list(overrides))
+        resolved = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+        obj = cast(Config, OmegaConf.to_object(cfg))
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_one_line(exc)) from None
+    return obj, resolved
+
+
+def expand(overrides: Sequence[str]) -> tuple[list[list[str]], list[str]]:
+    """Cartesian product of the sweep overrides, in command-line order (last axis fastest).
+
+    Returns the combinations and the keys that vary (used to name variants).
+    """
+    loader = GlobalHydra.instance().config_loader()
+    try:
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
+    except (OverrideParseException, HydraException) as exc:
+        raise ConfigError(_one_line(exc)) from None
+    axes: list[list[str]] = []
+    varying: list[str] = []
+    for ov in parsed:
+        key = ov.get_key_element()
+        if ov.is_sweep_override():
+            if not ov.is_discrete_sweep():
+                raise ConfigError(f"{key}: interval() needs a search; sweep takes lists, range(), choice(), glob()")
+            values = list(ov.sweep_string_iterator())
+            if not values:
+                raise ConfigError(f"{key}: the sweep expands to no values")
+            axes.append([f"{key}={v}" for v in values])
+            if len(values) > 1:
+                varying.append(key)
+        else:
+            axes.append([ov.input_line or f"{key}={ov.get_value_element_as_str()}"])
+    return [list(combo) for combo in itertools.product(*axes)], varying
+
+
+def _is_spec_override(item: str) -> bool:
+    key = item.split("=", 1)[0].lstrip("+~")
+    return key == "spec" or key.startswith("spec.")
+
+
+def _apply_mtp_fallback(config: Config) -> tuple[Config, tuple[str, ...]]:
+    spec = config.spec
+    if spec.method != "mtp" or config.model.has_mtp:
+        return config, ()
+    if not spec.mtp_fallback:
+        raise ConfigError(
+            f"spec.method=mtp but model {config.model.name} has no MTP layers "
+            "(set spec.mtp_fallback=ngram, or pick another spec)"
+        )
+    new = replace(spec, method=spec.mtp_fallback)
+    if new.method == "ngram":
+        new = replace(
+            new,
+            prompt_lookup_min=new.prompt_lookup_min or 2,
+            prompt_lookup_max=new.prompt_lookup_max or 4,
+        )
+    note = (
+        f"model {config.model.name} has no MTP layers: spec.method=mtp runs as "
+        f"{new.method} (prompt lookup) with depth {new.depth}"
+    )
+    return replace(config, spec=new), (note,)
+
+
+def _label(config: Config, combo: Sequence[str], varying: Sequence[str], baseline: bool) -> str:
+    spec = config.spec
+    head = "baseline" if baseline else f"{spec.method}-k{spec.depth}"
+    rest = []
+    for item in combo:
+        key, _, value = item.partition("=")
+        key = key.lstrip("+~")
+        if key in varying and not _is_spec_override(item):
+            rest.append(f"{key.split('.')[-1]}={value}")
+    return " ".join([head, *rest])
+
+
+def build_variant(combo: Sequence[str], varying: Sequence[str], baseline: bool = False) -> Variant:
+    config, resolved = compose_config(combo)
+    config, notes = _apply_mtp_fallback(config)
+    if notes:
+        resolved["spec"] = OmegaConf.to_container(OmegaConf.structured(config.spec))
+    return Variant(
+        config=config,
+        resolved=resolved,
+        overrides=tuple(combo),
+        label=_label(config, combo, varying, baseline),
+        is_baseline=baseline or config.spec.method == "none",
+        notes=notes,
+    )
+
+
+def plan_sweep(overrides: Sequence[str], with_baseline: bool | None = None) -> list[Variant]:
+    """Expand overrides into Variants: per configuration, its no-speculation baseline first.
+
+    A baseline is the same combination with every ``spec`` override replaced by
+    ``spec=none``; identical variants (same hash) are kept once.
+    """
+    with hydra_context():
+        combos, varying = expand(overrides)
+        first, _ = compose_config(combos[0])
+        add_baseline = first.sweep.baseline if with_baseline is None else with_baseline
+        variants: list[Variant] = []
+        seen: set[str] = set()
+        for combo in combos:
+            candidates = []
+            variant = build_variant(combo, varying)
+            if add_baseline:
+                base = [c for c in combo if not _is_spec_override(c)] + ["spec=none"]
+                baseline = build_variant(base, varying, baseline=True)
+                candidates.append(baseline)
+                if baseline.hash != variant.hash:
+                    variant = replace(variant, baseline_hash=baseline.hash)
+            candidates.append(variant)
+            for v in candidates:
+                if v.hash not in seen:
+                    seen.add(v.hash)
+                    variants.append(v)
+    return variants

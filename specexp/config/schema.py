@@ -1,0 +1,204 @@
+"""Typed schema of a specexp configuration.
+
+Registered in Hydra's ConfigStore as ``schema`` and listed first in
+``conf/config.yaml``'s defaults, so every YAML file and every override is
+checked against it at compose time: an unknown key or a wrong type fails with
+the key's full name before anything launches. ``__post_init__`` holds the
+checks types cannot express; it runs when ``OmegaConf.to_object`` builds the
+dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+# Methods specexp knows how to configure; vLLM's own list is checked by validation.
+SPEC_METHODS = frozenset(
+    {"none", "ngram", "ngram_gpu", "mtp", "eagle", "eagle3", "draft_model", "suffix", "dflash"}
+)
+NEEDS_DRAFT_MODEL = frozenset({"eagle", "eagle3", "draft_model", "dflash"})
+LAUNCHER_KINDS = frozenset({"local", "multinode", "gpustack"})
+DEVICES = frozenset({"auto", "cpu", "cuda"})
+
+
+@dataclass
+class ModelConfig:
+    """The target checkpoint. ``embedded:NAME`` resolves to a model specexp builds itself."""
+
+    name: str = "smollm2-135m-instruct"
+    path: str = "embedded:smollm2-135m-instruct"
+    served_name: str | None = None
+    # Whether the checkpoint carries MTP / next-token layers (decides what spec.method=mtp means).
+    has_mtp: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding; becomes one ``--speculative-config`` JSON argument."""
+
+    method: str = "none"
+    depth: int = 0  # the user's name for num_speculative_tokens
+    model: str | None = None  # draft / eagle head checkpoint
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    moe_backend: str | None = None
+    attention_backend: str | None = None  # the draft's backend; vLLM never inherits the target's
+    draft_tensor_parallel_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # any other SpeculativeConfig key
+    # What spec.method=mtp becomes on a model without MTP layers (null: refuse).
+    mtp_fallback: str | None = "ngram"
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS and not self.method.endswith("_mtp"):
+            raise ValueError(
+                f"spec.method: {self.method!r} is not one of {', '.join(sorted(SPEC_METHODS))}"
+            )
+        if self.method == "none" and self.depth != 0:
+            raise ValueError(f"spec.depth={self.depth} needs a speculative method (spec.method=none)")
+        if self.method != "none" and self.depth < 1:
+            raise ValueError(f"spec.depth must be >= 1 for spec.method={self.method}")
+        if self.method in NEEDS_DRAFT_MODEL and not self.model:
+            raise ValueError(f"spec.model is required for spec.method={self.method}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"spec.prompt_lookup_min={lo} > spec.prompt_lookup_max={hi}")
+
+
+@dataclass
+class AttentionConfig:
+    backend: str = "auto"  # auto = let vLLM choose; otherwise an AttentionBackendEnum name
+    # Backend for the draft path: null = vLLM's choice, "same" = the target's backend.
+    draft_backend: str | None = None
+
+
+@dataclass
+class ServerConfig:
+    """``vllm serve`` flags specexp knows by name; anything else goes in ``extra_args``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = a free port at launch
+    block_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    kv_cache_dtype: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    enforce_eager: bool | None = None  # null = on for the CPU build, off on GPUs
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # per-variant env (NCCL_*, GLOO_*, ...)
+
+    def __post_init__(self) -> None:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"server.gpu_memory_utilization={self.gpu_memory_utilization} is not in (0, 1]"
+            )
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"server.{key} must be >= 1")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"server.port={self.port} is not a port")
+
+
+@dataclass
+class LauncherConfig:
+    kind: str = "local"
+    device: str = "auto"  # auto: cuda when nvidia-smi answers, else the CPU build
+    vllm_command: list[str] = field(default_factory=list)  # empty = find it (see launch.plan)
+    nnodes: int = 1
+    hosts: list[str] = field(default_factory=list)  # node addresses, head first (multi-node)
+    master_port: int = 29501
+    ready_timeout_s: float = 900.0
+    stop_timeout_s: float = 15.0
+    cpu_kv_cache_gib: float = 1.0
+    cpu_omp_threads_bind: str = "nobind"
+    intel_openmp: str = "auto"  # auto/on/off: LD_PRELOAD libiomp5 for the CPU build
+    dev_mode: bool = True  # VLLM_SERVER_DEV_MODE=1: cache reset between trials, /server_info
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAUNCHER_KINDS:
+            raise ValueError(f"launcher.kind: {self.kind!r} is not one of {sorted(LAUNCHER_KINDS)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"launcher.device: {self.device!r} is not one of {sorted(DEVICES)}")
+        if self.intel_openmp not in ("auto", "on", "off"):
+            raise ValueError(f"launcher.intel_openmp: {self.intel_openmp!r} is not auto/on/off")
+        if self.nnodes < 1:
+            raise ValueError("launcher.nnodes must be >= 1")
+        if self.hosts and len(self.hosts) != self.nnodes:
+            raise ValueError(
+                f"launcher.hosts lists {len(self.hosts)} hosts for launcher.nnodes={self.nnodes}"
+            )
+
+
+@dataclass
+class CaseConfig:
+    """One measured scenario: how many streams at once, how many requests, how long."""
+
+    concurrency: int = 1
+    num_prompts: int = 2
+    max_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.num_prompts < 1 or self.max_tokens < 1:
+            raise ValueError("bench.cases: concurrency, num_prompts and max_tokens must be >= 1")
+
+
+@dataclass
+class BenchConfig:
+    trials: int = 3
+    warmup_requests: int = 1
+    temperature: float = 0.0
+    seed: int = 0
+    workload: str = "copy_edit"
+    request_timeout_s: float = 300.0
+    reset_prefix_cache: bool = True  # between trials, so trial 1 is not the only cold one
+    cases: dict[str, CaseConfig] = field(
+        default_factory=lambda: {
+            "single": CaseConfig(concurrency=1, num_prompts=2, max_tokens=128),
+            "concurrent4": CaseConfig(concurrency=4, num_prompts=4, max_tokens=128),
+        }
+    )
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise ValueError(f"bench.trials={self.trials} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("bench.temperature must be >= 0")
+        if not self.cases:
+            raise ValueError("bench.cases is empty: nothing to measure")
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    uri: str | None = None  # null = sqlite:///<workdir>/mlflow.db
+    artifact_dir: str | None = None  # null = <workdir>/mlruns
+    experiment: str = "specexp"
+
+
+@dataclass
+class SweepConfig:
+    baseline: bool = True  # add the no-speculation variant of every configuration
+    results_dir: str = "results"
+    name: str | None = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)

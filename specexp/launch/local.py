@@ -1,0 +1,222 @@
+"""Start ``vllm serve`` on this machine, in its own process group, and stop all of it.
+
+The server runs in a new session so one signal reaches the API server and its
+engine and worker processes; the group is stopped with SIGTERM, then SIGKILL
+after ``stop_timeout_s``, until no member is left. Its output goes to a log
+file per variant, read line by line as it arrives so startup phases get
+timestamps. A crash during startup is seen at once (the process exits), not at
+the deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import httpx
+
+from specexp.errors import LaunchError
+from specexp.launch.base import Endpoint, StartupTiming
+from specexp.launch.plan import LaunchPlan, launch_env
+
+# Marker lines of vLLM's startup, in order; the time each is first seen is recorded.
+PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("engine_init", re.compile(r"Initializing a V1 LLM engine")),
+    ("weights_start", re.compile(r"Starting to load model")),
+    ("weights_loaded", re.compile(r"Loading weights took|Model loading took")),
+    ("engine_ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
+    ("api_ready", re.compile(r"Application startup complete")),
+)
+_ERROR_LINE = re.compile(r"(Error|error:|Exception|Traceback|FAILED|Killed)")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if specexp dies without cleaning up (e.g. SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def startup_phases(marks: dict[str, float], ready_s: float | None) -> dict[str, float]:
+    """Durations between markers: what the time to ready was spent on."""
+    points = [("start", 0.0)] + [(n, marks[n]) for n, _ in PHASE_MARKERS if n in marks]
+    if ready_s is not None:
+        points.append(("ready", ready_s))
+    names = {
+        ("start", "engine_init"): "api_import_config_s",
+        ("engine_init", "weights_start"): "engine_spawn_s",
+        ("weights_start", "weights_loaded"): "weight_load_s",
+        ("weights_loaded", "engine_ready"): "kv_cache_warmup_s",
+        ("engine_ready", "api_ready"): "api_start_s",
+        ("api_ready", "ready"): "health_s",
+    }
+    out: dict[str, float] = {}
+    for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
+        out[names.get((a, b), f"{a}_to_{b}_s")] = round(tb - ta, 3)
+    return out
+
+
+class LocalLauncher:
+    """Context manager: ``with LocalLauncher(plan, log) as ln: endpoint = ln.wait_ready()``."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        log_path: Path,
+        *,
+        ready_timeout_s: float = 900.0,
+        stop_timeout_s: float = 15.0,
+        poll_interval_s: float = 0.5,
+    ) -> None:
+        if len(plan.nodes) != 1:
+            raise LaunchError(f"the local launcher runs one node; this plan has {len(plan.nodes)}")
+        self.plan = plan
+        self.log_path = log_path
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.startup = StartupTiming()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._t0 = 0.0
+        self._marks: dict[str, float] = {}
+        self._tail: collections.deque[str] = collections.deque(maxlen=60)
+        self._reader: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        node = self.plan.head
+        self._t0 = time.perf_counter()
+        try:
+            self._proc = subprocess.Popen(
+                list(node.argv),
+                env=launch_env(node.env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {node.argv[0]}: {exc.strerror or exc}") from None
+        self._pgid = self._proc.pid  # start_new_session: the child leads its own group
+        assert self._proc.stdout is not None
+        self._reader = threading.Thread(
+            target=self._pump, args=(self._proc.stdout,), name="vllm-log", daemon=True
+        )
+        self._reader.start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                self._tail.append(line)
+                now = time.perf_counter() - self._t0
+                for name, pattern in PHASE_MARKERS:
+                    if name not in self._marks and pattern.search(line):
+                        self._marks[name] = round(now, 3)
+
+    def wait_ready(self) -> Endpoint:
+        if self._proc is None:
+            raise LaunchError("wait_ready() before start()")
+        deadline = self._t0 + self.ready_timeout_s
+        url = f"{self.plan.base_url}/health"
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    self._join_reader()
+                    raise LaunchError(
+                        f"vllm serve exited with code {code} during startup after "
+                        f"{time.perf_counter() - self._t0:.1f}s: {self.last_error()} (log: {self.log_path})"
+                    )
+                try:
+                    if client.get(url).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.perf_counter() > deadline:
+                    seen = ", ".join(self._marks) or "none"
+                    raise LaunchError(
+                        f"vllm serve not ready after {self.ready_timeout_s:.0f}s "
+                        f"(startup phases seen: {seen}; log: {self.log_path})"
+                    )
+                time.sleep(self.poll_interval_s)
+        ready = round(time.perf_counter() - self._t0, 3)
+        self.startup = StartupTiming(ready_s=ready, phases=startup_phases(self._marks, ready))
+        return Endpoint(base_url=self.plan.base_url, model=self.plan.served_model)
+
+    def last_error(self) -> str:
+        for line in reversed(self._tail):
+            if _ERROR_LINE.search(line):
+                return line.strip()[-300:]
+        return (self._tail[-1].strip()[-300:] if self._tail else "no output")
+
+    def _group_alive(self) -> bool:
+        if self._pgid is None:
+            return False
+        try:
+            os.killpg(self._pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._pgid, sig)
+
+    def stop(self) -> None:
+        """Stop every process of the group (also after a crash: workers may outlive the parent)."""
+        if self._proc is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=0.2)
+            if self._proc.poll() is not None and not self._group_alive():
+                break
+        if self._group_alive() or self._proc.poll() is None:
+            self._signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            kill_deadline = time.monotonic() + 5
+            while self._group_alive() and time.monotonic() < kill_deadline:
+                time.sleep(0.1)
+        self._join_reader()
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    @property
+    def pgid(self) -> int | None:
+        return self._pgid
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

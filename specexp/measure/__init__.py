@@ -1,0 +1,1 @@
+"""Measure layer: stream requests to an Endpoint, scrape its /metrics, summarise trials."""

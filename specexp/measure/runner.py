@@ -1,0 +1,108 @@
+"""Run a variant's cases × trials against an Endpoint.
+
+Warm-up requests come first and are not counted. Each measured window (one
+case of one trial) is bracketed by two ``/metrics`` snapshots, so acceptance
+belongs to exactly that window. Trials are the outer loop so slow drift of the
+machine spreads over all cases instead of landing on the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import httpx
+
+from specexp.config.schema import BenchConfig, CaseConfig
+from specexp.launch.base import Endpoint
+from specexp.measure import prometheus, workload
+from specexp.measure.client import chat_payload, stream_chat
+from specexp.measure.stats import summarize, trial_metrics
+from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, TrialRecord
+
+Progress = Callable[[str], None]
+
+
+async def _run_case(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    bench: BenchConfig,
+    case_name: str,
+    case: CaseConfig,
+    case_index: int,
+    trial: int,
+) -> TrialRecord:
+    url = f"{endpoint.base_url}/v1/chat/completions"
+    prompts = workload.prompts_for(bench.workload, case_index, case.num_prompts, bench.seed)
+    if bench.reset_prefix_cache:
+        with contextlib.suppress(httpx.HTTPError):
+            await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
+    before = await prometheus.scrape(client, endpoint.metrics_url)
+    sem = asyncio.Semaphore(case.concurrency)
+    t0 = time.perf_counter()
+
+    async def one(i: int) -> RequestRecord:
+        payload = chat_payload(
+            endpoint.model, prompts[i], max_tokens=case.max_tokens,
+            temperature=bench.temperature, seed=bench.seed,
+        )
+        async with sem:
+            return await stream_chat(client, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
+
+    records = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+    duration = time.perf_counter() - t0
+    after = await prometheus.scrape(client, endpoint.metrics_url)
+    acc = prometheus.delta(before, after)
+    metrics = trial_metrics(records, duration, case.concurrency)
+    acc_rec = None
+    if acc is not None:
+        acc_rec = AcceptanceRecord(
+            drafts=acc.drafts, draft_tokens=acc.draft_tokens, accepted=acc.accepted,
+            rate=acc.rate, mean_length=acc.mean_length, per_position=list(acc.per_position),
+        )
+        if acc.rate is not None:
+            metrics["acceptance_rate"] = acc.rate
+        if acc.mean_length is not None:
+            metrics["acceptance_length"] = acc.mean_length
+        for pos, rate in enumerate(acc.per_position):
+            metrics[f"acceptance_pos{pos}"] = rate
+    return TrialRecord(
+        case=case_name, trial=trial, duration_s=duration, requests=records,
+        metrics=metrics, acceptance=acc_rec,
+    )
+
+
+async def measure(endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None) -> dict[str, CaseResult]:
+    say = progress or (lambda _msg: None)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits, timeout=bench.request_timeout_s) as client:
+        url = f"{endpoint.base_url}/v1/chat/completions"
+        for i in range(bench.warmup_requests):
+            say(f"warm-up {i + 1}/{bench.warmup_requests}")
+            payload = chat_payload(endpoint.model, workload.warmup_prompt(), max_tokens=16,
+                                   temperature=bench.temperature, seed=bench.seed)
+            rec = await stream_chat(client, url, payload, index=i, t0=time.perf_counter(),
+                                    timeout_s=bench.request_timeout_s)
+            if rec.error:
+                raise RuntimeError(f"warm-up request failed: {rec.error}")
+        trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
+        for t in range(bench.trials):
+            for ci, (name, case) in enumerate(bench.cases.items()):
+                say(f"trial {t + 1}/{bench.trials} · {name}")
+                trials[name].append(await _run_case(client, endpoint, bench, name, case, ci, t))
+    results: dict[str, CaseResult] = {}
+    for name, case in bench.cases.items():
+        recs = trials[name]
+        keys = sorted({k for r in recs for k in r.metrics})
+        summary = {}
+        for key in keys:
+            s = summarize(r.metrics[key] for r in recs if key in r.metrics)
+            if s is not None:
+                summary[key] = s
+        results[name] = CaseResult(
+            case=name, concurrency=case.concurrency, trials=recs, summary=summary,
+            failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
+        )
+    return results

@@ -1,0 +1,1 @@
+"""Record layer: result models, result files, MLflow."""

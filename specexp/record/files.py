@@ -1,0 +1,40 @@
+"""Result files: one folder per sweep, one per variant; every write is atomic.
+
+A reader (or a resumed sweep) never sees half a file: each file is written to
+a temporary name in the same folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    if isinstance(data, BaseModel):
+        text = data.model_dump_json(indent=2)
+    else:
+        text = json.dumps(data, indent=2, sort_keys=False, default=str)
+    atomic_write_text(path, text + "\n")
+
+
+def variant_dir(sweep_dir: Path, index: int, label: str, variant_hash: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)[:60]
+    return sweep_dir / f"{index:02d}-{safe}-{variant_hash}"

@@ -1,0 +1,93 @@
+"""Result models: what a sweep produced, in units named in the field names.
+
+Failures are data: a request error is a RequestRecord with ``error`` set, a
+failed variant is a VariantResult with ``status="failed"`` and the reason, so
+nothing needs an exception to be recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RequestRecord(_Model):
+    """One streamed request. Times in seconds; ``start_s`` is relative to the trial start."""
+
+    index: int
+    start_s: float
+    ttft_s: float | None = None
+    itl_s: list[float] = Field(default_factory=list)  # gaps between content chunks
+    latency_s: float | None = None  # start → last content chunk
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    chunks: int = 0
+    finish_reason: str | None = None
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class AcceptanceRecord(_Model):
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    rate: float | None
+    mean_length: float | None
+    per_position: list[float]
+
+
+class TrialRecord(_Model):
+    """One measured window of one case."""
+
+    case: str
+    trial: int
+    duration_s: float
+    requests: list[RequestRecord]
+    metrics: dict[str, float]
+    acceptance: AcceptanceRecord | None = None
+
+
+class Summary(_Model):
+    median: float
+    min: float
+    max: float
+    n: int
+
+
+class CaseResult(_Model):
+    case: str
+    concurrency: int
+    trials: list[TrialRecord]
+    summary: dict[str, Summary]  # metric name -> median [min, max] over trials
+    failed_requests: int = 0
+
+
+class VariantResult(_Model):
+    label: str
+    variant_hash: str
+    is_baseline: bool
+    overrides: list[str]
+    notes: list[str] = Field(default_factory=list)
+    status: Literal["ok", "failed", "interrupted"] = "ok"
+    error: str | None = None
+    ready_s: float | None = None
+    startup_phases: dict[str, float] = Field(default_factory=dict)
+    cases: dict[str, CaseResult] = Field(default_factory=dict)
+    launch: dict[str, Any] = Field(default_factory=dict)  # redacted LaunchPlan
+    wall_s: float | None = None
+
+
+class SweepResult(_Model):
+    name: str
+    started_at: str
+    wall_s: float | None = None
+    variants: list[VariantResult] = Field(default_factory=list)

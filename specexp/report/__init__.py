@@ -1,0 +1,1 @@
+"""Report layer: what people look at (plans, tables)."""

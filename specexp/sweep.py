@@ -1,0 +1,219 @@
+"""Run a sweep: plan → validate → (per variant) launch → measure → record → table.
+
+Every arrow hands on a plain value. Stopping (normally, on a failed variant,
+on Ctrl-C or SIGTERM) leaves no server running: each launch is a context
+manager, and the MLflow runs are closed with the status they earned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+import yaml
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from specexp.assets import embedded
+from specexp.config.variant import Variant
+from specexp.errors import ConfigError, LaunchError, ValidationFailed
+from specexp.launch.local import LocalLauncher
+from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
+from specexp.launch.validate import ValidationResult, validate_plans
+from specexp.measure.runner import measure
+from specexp.paths import workdir
+from specexp.record.files import atomic_write_json, atomic_write_text, variant_dir
+from specexp.record.mlflow_sink import MlflowSink
+from specexp.record.results import SweepResult, VariantResult
+from specexp.report.table import describe_check, print_plan, summary_table
+
+
+@dataclass
+class SweepOutcome:
+    result: SweepResult
+    directory: Path
+    mlflow_uri: str | None
+
+
+def _plans(variants: list[Variant], resolve_model: bool) -> list[LaunchPlan]:
+    return [build_plan(v, resolve_model=resolve_model) for v in variants]
+
+
+def dry_run(variants: list[Variant], console: Console, validate: bool = True) -> list[ValidationResult]:
+    """Print every variant's exact argv and env, and what vLLM's own checks say about it."""
+    plans = _plans(variants, resolve_model=True)
+    checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
+    console.print(f"{len(plans)} variant(s)", highlight=False)
+    for i, (plan, check) in enumerate(zip(plans, checks, strict=True)):
+        print_plan(console, i, plan, check)
+    return [c for c in checks if c is not None]
+
+
+def check_or_raise(checks: list[ValidationResult], console: Console) -> None:
+    for check in checks:
+        if check.skipped:
+            console.print(f"[yellow]{check.label}: {describe_check(check)}[/yellow]", highlight=False)
+        elif not check.ok and check.remote:
+            console.print(f"[yellow]{check.label}: {describe_check(check)}[/yellow]", highlight=False)
+    bad = [c for c in checks if not c.ok and not c.remote and not c.skipped]
+    if bad:
+        raise ValidationFailed(f"variant {bad[0].label!r} rejected by vLLM: {bad[0].error}"
+                               + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers get stopped."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_sweep(variants: list[Variant], console: Console, *, name: str | None = None) -> SweepOutcome:
+    first = variants[0].config
+    for v in variants:
+        if v.config.launcher.kind != "local":
+            raise ConfigError(
+                f"variant {v.label!r}: launcher.kind={v.config.launcher.kind} cannot run yet "
+                "(cluster launchers are a later issue); use --dry-run to see its plan"
+            )
+    # Build the embedded model before validation: the engine-config check needs its files.
+    for path in sorted({v.config.model.path for v in variants if v.config.model.path.startswith(EMBEDDED_PREFIX)}):
+        model = path[len(EMBEDDED_PREFIX):]
+        if not embedded.is_built(model):
+            console.print(f"building embedded model {model} (once) …")
+            embedded.build(model)
+    plans = _plans(variants, resolve_model=True)
+    console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
+    check_or_raise(validate_plans(plans), console)
+
+    started = datetime.now(UTC)
+    sweep_name = name or first.sweep.name or f"sweep-{started:%Y%m%d-%H%M%S}"
+    base = Path(first.sweep.results_dir)
+    sweep_dir = (base if base.is_absolute() else workdir() / base) / sweep_name
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    sweep = SweepResult(name=sweep_name, started_at=started.isoformat())
+    sink = MlflowSink(first.tracking) if first.tracking.enabled else None
+    if sink:
+        sink.start_sweep(sweep_name, {
+            "variants": len(variants),
+            "labels": ", ".join(v.label for v in variants),
+            "results_dir": str(sweep_dir),
+        })
+    for v in variants:
+        for note in v.notes:
+            console.print(f"[yellow]note[/yellow] {v.label}: {note}", highlight=False)
+    by_hash: dict[str, VariantResult] = {}
+    t0 = time.perf_counter()
+    status = "FINISHED"
+    try:
+        with _sigterm_as_interrupt(), Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+            console=console, transient=True,
+        ) as progress:
+            overall = progress.add_task("sweep", total=len(variants))
+            for i, (variant, plan) in enumerate(zip(variants, plans, strict=True)):
+                label = f"[{i + 1}/{len(variants)}] {variant.label}"
+                progress.update(overall, description=f"{label}: starting")
+                vdir = variant_dir(sweep_dir, i, variant.label, variant.hash)
+                baseline = by_hash.get(variant.baseline_hash or "")
+                result = _run_variant(variant, plan, vdir, sink, baseline,
+                                      lambda msg, lb=label: progress.update(overall, description=f"{lb}: {msg}"))
+                by_hash[variant.hash] = result
+                sweep.variants.append(result)
+                atomic_write_json(sweep_dir / "sweep.json", sweep)
+                progress.advance(overall)
+                _report_variant(console, result)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        console.print("[red]interrupted: servers stopped, partial results kept and marked[/red]")
+        raise
+    finally:
+        sweep.wall_s = round(time.perf_counter() - t0, 3)
+        atomic_write_json(sweep_dir / "sweep.json", sweep)
+        if sink:
+            failed = sum(1 for r in sweep.variants if r.status != "ok")
+            if status == "FINISHED" and failed:
+                status = "FAILED" if failed == len(sweep.variants) else "FINISHED"
+            sink.end_sweep(status, {"wall_s": sweep.wall_s, "failed_variants": float(failed)})
+    baselines = {r.label: by_hash.get(v.baseline_hash or "") for v, r in zip(variants, sweep.variants, strict=False)}
+    console.print(summary_table(sweep.variants, baselines))
+    console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {sweep_dir}", highlight=False)
+    return SweepOutcome(sweep, sweep_dir, sink.uri if sink else None)
+
+
+def _report_variant(console: Console, r: VariantResult) -> None:
+    if r.status == "ok":
+        phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in r.startup_phases.items())
+        console.print(f"[green]✓[/green] {r.label}: ready in {r.ready_s:.1f}s ({phases}); "
+                      f"measured in {r.wall_s:.0f}s", highlight=False)
+    else:
+        console.print(f"[red]✗ {r.label}: {r.status}: {r.error}[/red]", highlight=False)
+
+
+def _run_variant(
+    variant: Variant,
+    plan: LaunchPlan,
+    vdir: Path,
+    sink: MlflowSink | None,
+    baseline: VariantResult | None,
+    say: Callable[[str], None],
+) -> VariantResult:
+    cfg = variant.config
+    result = VariantResult(
+        label=variant.label, variant_hash=variant.hash, is_baseline=variant.is_baseline,
+        overrides=list(variant.overrides), notes=list(variant.notes), launch=plan.redacted(),
+    )
+    vdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(vdir / "config.yaml", yaml.safe_dump(variant.resolved, sort_keys=False))
+    atomic_write_json(vdir / "launch.json", plan.redacted())
+    run_id = sink.start_variant(variant) if sink else None
+    t0 = time.perf_counter()
+    interrupted = False
+    try:
+        launcher = LocalLauncher(plan, vdir / "server.log",
+                                 ready_timeout_s=cfg.launcher.ready_timeout_s,
+                                 stop_timeout_s=cfg.launcher.stop_timeout_s)
+        with launcher:
+            say("starting vllm serve")
+            endpoint = launcher.wait_ready()
+            result.ready_s = launcher.startup.ready_s
+            result.startup_phases = launcher.startup.phases
+            result.cases = asyncio.run(measure(endpoint, cfg.bench, say))
+            say("stopping server")
+        failed = sum(c.failed_requests for c in result.cases.values())
+        total = sum(len(t.requests) for c in result.cases.values() for t in c.trials)
+        if total and failed == total:
+            result.status, result.error = "failed", "every measured request failed"
+    except KeyboardInterrupt:
+        result.status, result.error = "interrupted", "interrupted by the user"
+        interrupted = True
+    except (LaunchError, RuntimeError, OSError, ValueError) as exc:
+        result.status, result.error = "failed", str(exc)
+        if not isinstance(exc, LaunchError):
+            result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        result.wall_s = round(time.perf_counter() - t0, 3)
+        atomic_write_json(vdir / "result.json", result)
+        if sink and run_id:
+            sink.finish_variant(run_id, result, baseline,
+                                [vdir / "config.yaml", vdir / "launch.json", vdir / "server.log", vdir / "result.json"])
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def resolved_yaml(variant: Variant) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(variant.resolved))
