@@ -106,8 +106,10 @@ def _ui(console: Console) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    # Wide enough for the summary table when output goes to a file or a CI log.
+    width = None if sys.stdout.isatty() else 200
+    console = Console(highlight=False, width=width)
+    err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     try:
         if args.cmd == "sweep":

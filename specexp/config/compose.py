@@ -41,23 +41,35 @@ def hydra_context() -> Iterator[None]:
 
 
 def _one_line(exc: BaseException) -> str:
-    """Hydra wraps the useful message (with the full key) in ``__cause__``; keep one line."""
-    parts: list[str] = []
+    """Hydra wraps the useful message (with the full key) in causes; keep one line of it."""
+    levels: list[tuple[str, str]] = []  # (first line, full_key) from outermost to innermost
     cur: BaseException | None = exc
     while cur is not None:
-        text = str(cur).strip()
-        full_key = ""
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        for ln in lines:
-            if ln.startswith("full_key:"):
-                full_key = ln.split(":", 1)[1].strip()
-        first = lines[0] if lines else type(cur).__name__
-        if full_key and full_key not in first:
-            first = f"{full_key}: {first}"
-        parts.append(first)
+        lines = [ln.strip() for ln in str(cur).splitlines() if ln.strip() and ln.strip() != "None"]
+        full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+        lines = [ln for ln in lines if not ln.startswith(("full_key:", "object_type", "See https"))]
+        if lines:
+            text = lines[0]
+            # "Available options in 'attention':" followed by one option per line
+            heads = [i for i, ln in enumerate(lines) if ln.endswith(":") and i + 1 < len(lines)]
+            if heads:
+                i = heads[0]
+                items = []
+                for ln in lines[i + 1 :]:
+                    if ln.endswith(":"):
+                        break
+                    items.append(ln)
+                text = (text + "; " if i else "") + lines[i] + " " + ", ".join(items)
+            levels.append((text, full_key))
         cur = cur.__cause__ or cur.__context__
-    # the innermost cause is the most specific; say what Hydra was doing too
-    return parts[-1] if len(parts) == 1 else f"{parts[-1]} ({parts[0]})"
+    if not levels:
+        return type(exc).__name__
+    keyed = [lv for lv in levels if lv[1]]
+    text, key = keyed[-1] if keyed else levels[-1]
+    if key and key not in text:
+        text = f"{key}: {text}"
+    outer = levels[0][0]
+    return text if outer in text or text in outer else f"{text} ({outer})"
 
 
 def compose_config(overrides: Sequence[str]) -> tuple[Config, dict[str, Any]]:
@@ -78,9 +90,16 @@ def expand(overrides: Sequence[str]) -> tuple[list[list[str]], list[str]]:
     """
     loader = GlobalHydra.instance().config_loader()
     try:
-        parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
-    except (OverrideParseException, HydraException) as exc:
-        raise ConfigError(_one_line(exc)) from None
+        parser = OverridesParser.create(config_loader=loader)
+        parsed = []
+        for item in overrides:
+            try:
+                parsed += parser.parse_overrides([item])
+            except (OverrideParseException, HydraException) as exc:
+                hint = " (quote list values: 'key=[\"--flag=1\"]')" if "[" in item else ""
+                raise ConfigError(f"cannot parse override {item!r}: {_one_line(exc)}{hint}") from None
+    except ConfigError:
+        raise
     axes: list[list[str]] = []
     varying: list[str] = []
     for ov in parsed:

@@ -53,46 +53,44 @@ def _primary(cr: CaseResult) -> str:
 
 
 def summary_table(results: list[VariantResult], baselines: dict[str, VariantResult | None]) -> Table:
+    """Variant × case: the case's main figure as median [min–max], ×baseline, TTFT, acceptance."""
     case_names: list[str] = []
     for r in results:
         for name in r.cases:
             if name not in case_names:
                 case_names.append(name)
-    table = Table(title="specexp sweep: median [min–max] over trials", show_lines=False)
+    table = Table(title="specexp sweep · median \\[min–max] over trials", title_justify="left")
     table.add_column("variant", no_wrap=True)
-    table.add_column("status")
     table.add_column("ready s", justify="right")
     for name in case_names:
-        table.add_column(f"{name}\ntok/s", justify="right")
-        table.add_column("vs base", justify="right")
-        table.add_column(f"{name}\nTTFT ms", justify="right")
-    table.add_column("accept rate", justify="right")
-    table.add_column("accept len", justify="right")
+        table.add_column(f"{name}\ntok/s", justify="right", no_wrap=True)
+        table.add_column(f"{name}\nTTFT ms", justify="right", no_wrap=True)
+        table.add_column(f"{name}\naccept", justify="right", no_wrap=True)
     for r in results:
-        row = [r.label, r.status if r.status == "ok" else f"[red]{r.status}[/red]",
-               f"{r.ready_s:.1f}" if r.ready_s else "–"]
+        if r.status != "ok":
+            table.add_row(r.label, f"[red]{r.status}[/red]", *([""] * (3 * len(case_names))))
+            continue
+        row = [r.label, f"{r.ready_s:.1f}" if r.ready_s else "–"]
         base = baselines.get(r.label)
-        first_with_acc: CaseResult | None = None
         for name in case_names:
             cr = r.cases.get(name)
             if cr is None:
                 row += ["–", "–", "–"]
                 continue
             key = _primary(cr)
-            row.append(fmt_range(cr.summary.get(key)))
-            ratio = "–"
+            cell = fmt_range(cr.summary.get(key))
             if base is not None and name in base.cases and key in cr.summary:
                 b = base.cases[name].summary.get(key)
                 if b and b.median > 0:
-                    ratio = f"×{cr.summary[key].median / b.median:.2f}"
-            row.append(ratio)
+                    cell += f" ×{cr.summary[key].median / b.median:.2f}"
+            row.append(cell)
             row.append(fmt_range(cr.summary.get("ttft_ms"), digits=0))
-            if first_with_acc is None and "acceptance_rate" in cr.summary:
-                first_with_acc = cr
-        if first_with_acc is not None:
-            row.append(fmt_range(first_with_acc.summary.get("acceptance_rate"), 100, 0) + " %")
-            row.append(fmt_range(first_with_acc.summary.get("acceptance_length"), digits=2))
-        else:
-            row += ["–", "–"]
+            rate = cr.summary.get("acceptance_rate")
+            length = cr.summary.get("acceptance_length")
+            row.append(f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–")
         table.add_row(*row)
+    table.caption = (
+        "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
+        "×n: ratio of medians to the no-speculation baseline; accept: acceptance rate / mean length"
+    )
     return table

