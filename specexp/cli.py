@@ -105,7 +105,15 @@ def _ui(console: Console) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Flags may sit between overrides (`sweep a=1 --dry-run b=2`): argparse stops the
+    # positional list at the first flag, so the rest comes back as "unknown" and is appended.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        flags = [e for e in extra if e.startswith("-")]
+        if flags or not hasattr(args, "overrides"):
+            parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
+        args.overrides = [*args.overrides, *extra]
     # Wide enough for the summary table when output goes to a file or a CI log.
     width = None if sys.stdout.isatty() else 200
     console = Console(highlight=False, width=width)

@@ -1,0 +1,99 @@
+"""End to end on the real CPU build of vLLM with the embedded SmolLM2 (about 2 minutes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, processes_matching, require_vllm, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
+    require_vllm()
+    out = run_cli(["sweep", "spec.depth=3", "bench=smoke", "tracking.experiment=e2e", "--name", "e2e"],
+                  workdir, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "no MTP layers" in out.stdout and "specexp sweep" in out.stdout
+    sweep = json.loads((workdir / "results" / "e2e" / "sweep.json").read_text())
+    base, k3 = sweep["variants"]
+    assert [base["label"], k3["label"]] == ["baseline", "ngram-k3"]
+    for v in (base, k3):
+        assert v["status"] == "ok", v.get("error")
+        assert 5 < v["ready_s"] < 300 and v["startup_phases"]["weight_load_s"] > 0
+        for case in v["cases"].values():
+            assert case["failed_requests"] == 0
+            assert len(case["trials"]) == 2
+            assert case["summary"]["output_tok_s"]["median"] > 0
+    assert "acceptance_rate" not in base["cases"]["single"]["summary"]
+    acc = k3["cases"]["concurrent4"]["summary"]
+    assert 0 < acc["acceptance_rate"]["median"] <= 1 and acc["acceptance_length"]["median"] > 1
+    assert '"method":"ngram"' in " ".join(k3["launch"]["nodes"][0]["argv"])
+    # the server log of each variant is kept
+    logs = sorted((workdir / "results" / "e2e").glob("*/server.log"))
+    assert len(logs) == 2 and "Application startup complete" in logs[0].read_text()
+    assert processes_matching("vllm_entry.py") == []
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("e2e")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("specexp.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("specexp.kind") == "variant"]
+    assert len(parents) == 1 and len(children) == 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+    k3_run = next(r for r in children if r.data.tags["specexp.label"] == "ngram-k3")
+    assert k3_run.data.metrics["concurrent4.acceptance_rate.median"] > 0
+    assert "single.decode_tok_s.vs_baseline" in k3_run.data.metrics
+    names = {a.path for a in client.list_artifacts(k3_run.info.run_id)}
+    assert {"config.yaml", "launch.json", "server.log", "result.json"} <= names
+
+
+def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
+    require_vllm()
+    env = {**os.environ, "SPECEXP_WORKDIR": str(workdir)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specexp", "sweep", "spec=none", "--no-baseline", "bench=smoke",
+         "tracking.experiment=ctrlc", "--name", "ctrlc"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        launch = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and launch is None:
+            found = list((workdir / "results" / "ctrlc").glob("*/server.log"))
+            if found and found[0].stat().st_size > 0:
+                launch = json.loads((found[0].parent / "launch.json").read_text())
+            time.sleep(0.5)
+        assert launch is not None, "the server never started"
+        port_flag = next(a for a in launch["nodes"][0]["argv"] if a.startswith("--port="))
+        assert processes_matching(port_flag), "server process not found while running"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM unwinds like Ctrl-C: the sweep stops its server
+            proc.wait(timeout=60)
+    assert proc.returncode == 130, err
+    time.sleep(0.5)
+    assert processes_matching(port_flag) == []
+    result = json.loads(next((workdir / "results" / "ctrlc").glob("*/result.json")).read_text())
+    assert result["status"] == "interrupted"
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ctrlc")
+    assert exp is not None
+    statuses = sorted(r.info.status for r in client.search_runs([exp.experiment_id]))
+    assert statuses == ["KILLED", "KILLED"]

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers import require_vllm, run_cli
+from tests.launch.test_plan import SEED_ENV, SEED_FLAGS
+
+
+def test_help_lists_the_subcommands(workdir: Path) -> None:
+    out = run_cli(["--help"], workdir)
+    assert out.returncode == 0
+    for cmd in ("sweep", "show", "model", "ui"):
+        assert cmd in out.stdout
+
+
+def test_bad_override_is_one_line_and_nothing_is_created(workdir: Path) -> None:
+    out = run_cli(["sweep", "spec.depth=3,5", "server.max_num_seqs=lots"], workdir)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specexp: error: server.max_num_seqs")
+    assert list(workdir.iterdir()) == []
+
+
+def test_dry_run_prints_argv_env_and_baseline(workdir: Path) -> None:
+    out = run_cli(["sweep", "spec.depth=3,5", "attention=flashinfer,b12x", "server.block_size=16,32",
+                   "--dry-run", "--no-validate"], workdir)
+    assert out.returncode == 0, out.stderr
+    assert "12 variant(s)" in out.stdout
+    assert "--attention-backend=B12X" in out.stdout and "--block-size=32" in out.stdout
+    assert out.stdout.count("[0] baseline attention=flashinfer block_size=16") == 1
+    assert "no MTP layers" in out.stdout
+    assert list(workdir.iterdir()) == []
+
+
+def test_seed_003_dry_run_prints_its_flags_and_env(workdir: Path) -> None:
+    out = run_cli(["sweep", "experiment=spark_glm_mtp", "--dry-run", "--no-baseline"], workdir)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.replace("'", "")
+    for flag in SEED_FLAGS:
+        assert flag in text, flag
+    for item in SEED_ENV:
+        assert item in text, item
+    assert "node 3 (192.168.100.4)" in text
+    assert "validation" in text
+
+
+def test_flag_unknown_to_vllm_is_rejected_before_launch(workdir: Path) -> None:
+    require_vllm()
+    out = run_cli(["sweep", "spec=none", "--no-baseline", 'server.extra_args=["--max-num-partial-prefills=2"]'],
+                  workdir, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "rejected by vLLM" in out.stderr and "--max-num-partial-prefills" in out.stderr
+    assert not (workdir / "mlflow.db").exists() and not (workdir / "results").exists()
+
+
+def test_bad_speculative_key_is_a_dry_run_error(workdir: Path) -> None:
+    require_vllm()
+    out = run_cli(["sweep", "spec.depth=3", "+spec.extra.bogus_key=1", "--dry-run"], workdir, timeout=300)
+    assert out.returncode == 2
+    assert "unknown key(s) ['bogus_key']" in out.stdout + out.stderr
