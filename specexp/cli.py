@@ -26,14 +26,18 @@ EPILOG = """examples:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m specexp",
-        description="Speculative-decoding experiments on vLLM: sweeps with repeated trials, logged to MLflow.",
+        description="Speculative-decoding experiments on vLLM: repeated trials, logged to MLflow.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sw = sub.add_parser("sweep", help="expand Hydra overrides into variants, run each on vLLM, log to MLflow")
     sw.add_argument("overrides", nargs="*", help="Hydra overrides: key=a,b  'key=range(1,4)'  group=glob(*)")
-    sw.add_argument("--dry-run", action="store_true", help="print each variant's vllm serve argv and env, validate, run nothing")
+    sw.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each variant's vllm serve argv and env, validate, run nothing",
+    )
     sw.add_argument("--no-baseline", action="store_true", help="do not add the no-speculation baseline")
     sw.add_argument("--no-validate", action="store_true", help="(dry-run) skip the vLLM validation step")
     sw.add_argument("--name", help="sweep name (results folder and MLflow parent run)")
@@ -99,7 +103,8 @@ def _ui(console: Console) -> int:
         "--host 127.0.0.1 --port 5000 --workers 1\n"
         "then open http://127.0.0.1:5000/#/experiments (choose 'specexp', tab 'Runs'; "
         "select runs and press 'Compare')",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from types import FrameType
 import yaml
 from omegaconf import OmegaConf
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from specexp.assets import embedded
 from specexp.config.variant import Variant
@@ -59,21 +60,23 @@ def dry_run(variants: list[Variant], console: Console, validate: bool = True) ->
 
 def check_or_raise(checks: list[ValidationResult], console: Console) -> None:
     for check in checks:
-        if check.skipped:
-            console.print(f"[yellow]{check.label}: {describe_check(check)}[/yellow]", highlight=False)
-        elif not check.ok and check.remote:
+        if check.skipped or (not check.ok and check.remote):
             console.print(f"[yellow]{check.label}: {describe_check(check)}[/yellow]", highlight=False)
     bad = [c for c in checks if not c.ok and not c.remote and not c.skipped]
     if bad:
-        raise ValidationFailed(f"variant {bad[0].label!r} rejected by vLLM: {bad[0].error}"
-                               + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        raise ValidationFailed(
+            f"variant {bad[0].label!r} rejected by vLLM: {bad[0].error}"
+            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        )
 
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers get stopped."""
+
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
+
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
@@ -90,8 +93,10 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
                 "(cluster launchers are a later issue); use --dry-run to see its plan"
             )
     # Build the embedded model before validation: the engine-config check needs its files.
-    for path in sorted({v.config.model.path for v in variants if v.config.model.path.startswith(EMBEDDED_PREFIX)}):
-        model = path[len(EMBEDDED_PREFIX):]
+    for path in sorted(
+        {v.config.model.path for v in variants if v.config.model.path.startswith(EMBEDDED_PREFIX)}
+    ):
+        model = path[len(EMBEDDED_PREFIX) :]
         if not embedded.is_built(model):
             console.print(f"building embedded model {model} (once) …")
             embedded.build(model)
@@ -107,11 +112,14 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
     sweep = SweepResult(name=sweep_name, started_at=started.isoformat())
     sink = MlflowSink(first.tracking) if first.tracking.enabled else None
     if sink:
-        sink.start_sweep(sweep_name, {
-            "variants": len(variants),
-            "labels": ", ".join(v.label for v in variants),
-            "results_dir": str(sweep_dir),
-        })
+        sink.start_sweep(
+            sweep_name,
+            {
+                "variants": len(variants),
+                "labels": ", ".join(v.label for v in variants),
+                "results_dir": str(sweep_dir),
+            },
+        )
     for v in variants:
         for note in v.notes:
             console.print(f"[yellow]note[/yellow] {v.label}: {note}", highlight=False)
@@ -119,18 +127,30 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
     t0 = time.perf_counter()
     status = "FINISHED"
     try:
-        with _sigterm_as_interrupt(), Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-            console=console, transient=True,
-        ) as progress:
+        with (
+            _sigterm_as_interrupt(),
+            Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            ) as progress,
+        ):
             overall = progress.add_task("sweep", total=len(variants))
             for i, (variant, plan) in enumerate(zip(variants, plans, strict=True)):
                 label = f"[{i + 1}/{len(variants)}] {variant.label}"
                 progress.update(overall, description=f"{label}: starting")
                 vdir = variant_dir(sweep_dir, i, variant.label, variant.hash)
                 baseline = by_hash.get(variant.baseline_hash or "")
-                result = _run_variant(variant, plan, vdir, sink, baseline,
-                                      lambda msg, lb=label: progress.update(overall, description=f"{lb}: {msg}"))
+                result = _run_variant(
+                    variant,
+                    plan,
+                    vdir,
+                    sink,
+                    baseline,
+                    functools.partial(_describe, progress, overall, label),
+                )
                 by_hash[variant.hash] = result
                 sweep.variants.append(result)
                 atomic_write_json(sweep_dir / "sweep.json", sweep)
@@ -148,17 +168,25 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
             if status == "FINISHED" and failed:
                 status = "FAILED" if failed == len(sweep.variants) else "FINISHED"
             sink.end_sweep(status, {"wall_s": sweep.wall_s, "failed_variants": float(failed)})
-    baselines = {r.label: by_hash.get(v.baseline_hash or "") for v, r in zip(variants, sweep.variants, strict=False)}
+    baselines = {
+        r.label: by_hash.get(v.baseline_hash or "") for v, r in zip(variants, sweep.variants, strict=False)
+    }
     console.print(summary_table(sweep.variants, baselines))
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {sweep_dir}", highlight=False)
     return SweepOutcome(sweep, sweep_dir, sink.uri if sink else None)
 
 
+def _describe(progress: Progress, task: TaskID, label: str, msg: str) -> None:
+    progress.update(task, description=f"{label}: {msg}")
+
+
 def _report_variant(console: Console, r: VariantResult) -> None:
     if r.status == "ok":
         phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in r.startup_phases.items())
-        console.print(f"[green]✓[/green] {r.label}: ready in {r.ready_s:.1f}s ({phases}); "
-                      f"measured in {r.wall_s:.0f}s", highlight=False)
+        console.print(
+            f"[green]✓[/green] {r.label}: ready in {r.ready_s:.1f}s ({phases}); measured in {r.wall_s:.0f}s",
+            highlight=False,
+        )
     else:
         console.print(f"[red]✗ {r.label}: {r.status}: {r.error}[/red]", highlight=False)
 
@@ -173,8 +201,12 @@ def _run_variant(
 ) -> VariantResult:
     cfg = variant.config
     result = VariantResult(
-        label=variant.label, variant_hash=variant.hash, is_baseline=variant.is_baseline,
-        overrides=list(variant.overrides), notes=list(variant.notes), launch=plan.redacted(),
+        label=variant.label,
+        variant_hash=variant.hash,
+        is_baseline=variant.is_baseline,
+        overrides=list(variant.overrides),
+        notes=list(variant.notes),
+        launch=plan.redacted(),
     )
     vdir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(vdir / "config.yaml", yaml.safe_dump(variant.resolved, sort_keys=False))
@@ -183,9 +215,12 @@ def _run_variant(
     t0 = time.perf_counter()
     interrupted = False
     try:
-        launcher = LocalLauncher(plan, vdir / "server.log",
-                                 ready_timeout_s=cfg.launcher.ready_timeout_s,
-                                 stop_timeout_s=cfg.launcher.stop_timeout_s)
+        launcher = LocalLauncher(
+            plan,
+            vdir / "server.log",
+            ready_timeout_s=cfg.launcher.ready_timeout_s,
+            stop_timeout_s=cfg.launcher.stop_timeout_s,
+        )
         with launcher:
             say("starting vllm serve")
             endpoint = launcher.wait_ready()
@@ -208,8 +243,17 @@ def _run_variant(
         result.wall_s = round(time.perf_counter() - t0, 3)
         atomic_write_json(vdir / "result.json", result)
         if sink and run_id:
-            sink.finish_variant(run_id, result, baseline,
-                                [vdir / "config.yaml", vdir / "launch.json", vdir / "server.log", vdir / "result.json"])
+            sink.finish_variant(
+                run_id,
+                result,
+                baseline,
+                [
+                    vdir / "config.yaml",
+                    vdir / "launch.json",
+                    vdir / "server.log",
+                    vdir / "result.json",
+                ],
+            )
     if interrupted:
         raise KeyboardInterrupt
     return result

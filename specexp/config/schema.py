@@ -54,9 +54,7 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS and not self.method.endswith("_mtp"):
-            raise ValueError(
-                f"spec.method: {self.method!r} is not one of {', '.join(sorted(SPEC_METHODS))}"
-            )
+            raise ValueError(f"spec.method: {self.method!r} is not one of {', '.join(sorted(SPEC_METHODS))}")
         if self.method == "none" and self.depth != 0:
             raise ValueError(f"spec.depth={self.depth} needs a speculative method (spec.method=none)")
         if self.method != "none" and self.depth < 1:
@@ -95,9 +93,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"server.gpu_memory_utilization={self.gpu_memory_utilization} is not in (0, 1]"
-            )
+            raise ValueError(f"server.gpu_memory_utilization={self.gpu_memory_utilization} is not in (0, 1]")
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"server.{key} must be >= 1")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import itertools
 import os
 import re
 import signal
@@ -61,7 +62,7 @@ def startup_phases(marks: dict[str, float], ready_s: float | None) -> dict[str, 
         ("api_ready", "ready"): "health_s",
     }
     out: dict[str, float] = {}
-    for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
+    for (a, ta), (b, tb) in itertools.pairwise(points):
         out[names.get((a, b), f"{a}_to_{b}_s")] = round(tb - ta, 3)
     return out
 
@@ -106,7 +107,7 @@ class LocalLauncher:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise LaunchError(f"cannot start {node.argv[0]}: {exc.strerror or exc}") from None
@@ -163,7 +164,7 @@ class LocalLauncher:
         for line in reversed(self._tail):
             if _ERROR_LINE.search(line):
                 return line.strip()[-300:]
-        return (self._tail[-1].strip()[-300:] if self._tail else "no output")
+        return self._tail[-1].strip()[-300:] if self._tail else "no output"
 
     def _group_alive(self) -> bool:
         if self._pgid is None:

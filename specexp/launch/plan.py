@@ -253,7 +253,11 @@ def build_plan(variant: Variant, *, port: int | None = None, resolve_model: bool
         nodes.append(NodePlan(0, hosts[0], (*vllm_cmd, "serve", *head_args), env))
     else:
         master = hosts[0]
-        multi = [f"--nnodes={nnodes}", f"--master-addr={master}", f"--master-port={config.launcher.master_port}"]
+        multi = [
+            f"--nnodes={nnodes}",
+            f"--master-addr={master}",
+            f"--master-port={config.launcher.master_port}",
+        ]
         for rank in range(nnodes):
             node_env = dict(env)
             node_env.setdefault("VLLM_HOST_IP", hosts[rank])

@@ -54,13 +54,13 @@ def _one_line(exc: BaseException) -> str:
 def main() -> int:
     requests = json.load(sys.stdin)
     logging.disable(logging.WARNING)
+    import dataclasses
+
     from vllm.config import speculative as spec_mod
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    import dataclasses
 
     spec_fields = {f.name for f in dataclasses.fields(spec_mod.SpeculativeConfig)}
     spec_methods = _literal_values(spec_mod.SpeculativeMethod)
@@ -71,8 +71,7 @@ def main() -> int:
             return
         if str(name).upper() not in backends:
             raise ValueError(
-                f"{where}: unknown attention backend {name!r}; this vLLM knows "
-                + ", ".join(sorted(backends))
+                f"{where}: unknown attention backend {name!r}; this vLLM knows " + ", ".join(sorted(backends))
             )
 
     results = []
@@ -101,7 +100,7 @@ def main() -> int:
                 check_backend(spec.get("attention_backend"), "speculative_config.attention_backend")
             checked.append("attention")
             if spec:
-                unknown = sorted(set(k.replace("-", "_") for k in spec) - spec_fields)
+                unknown = sorted({k.replace("-", "_") for k in spec} - spec_fields)
                 if unknown:
                     raise ValueError(f"speculative_config: unknown key(s) {unknown}")
                 method = spec.get("method")

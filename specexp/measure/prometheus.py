@@ -78,10 +78,14 @@ def delta(before: SpecSnapshot, after: SpecSnapshot) -> Acceptance | None:
     if min(d_drafts, d_tokens, d_acc) < 0:
         raise ValueError("spec-decode counters went backwards: the server restarted mid-window")
     positions = sorted(set(before.accepted_per_pos) | set(after.accepted_per_pos))
-    per_pos = tuple(
-        (after.accepted_per_pos.get(p, 0.0) - before.accepted_per_pos.get(p, 0.0)) / d_drafts
-        for p in positions
-    ) if d_drafts > 0 else ()
+    per_pos = (
+        tuple(
+            (after.accepted_per_pos.get(p, 0.0) - before.accepted_per_pos.get(p, 0.0)) / d_drafts
+            for p in positions
+        )
+        if d_drafts > 0
+        else ()
+    )
     return Acceptance(
         drafts=int(d_drafts),
         draft_tokens=int(d_tokens),

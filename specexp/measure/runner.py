@@ -45,8 +45,11 @@ async def _run_case(
 
     async def one(i: int) -> RequestRecord:
         payload = chat_payload(
-            endpoint.model, prompts[i], max_tokens=case.max_tokens,
-            temperature=bench.temperature, seed=bench.seed,
+            endpoint.model,
+            prompts[i],
+            max_tokens=case.max_tokens,
+            temperature=bench.temperature,
+            seed=bench.seed,
         )
         async with sem:
             return await stream_chat(client, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
@@ -59,8 +62,12 @@ async def _run_case(
     acc_rec = None
     if acc is not None:
         acc_rec = AcceptanceRecord(
-            drafts=acc.drafts, draft_tokens=acc.draft_tokens, accepted=acc.accepted,
-            rate=acc.rate, mean_length=acc.mean_length, per_position=list(acc.per_position),
+            drafts=acc.drafts,
+            draft_tokens=acc.draft_tokens,
+            accepted=acc.accepted,
+            rate=acc.rate,
+            mean_length=acc.mean_length,
+            per_position=list(acc.per_position),
         )
         if acc.rate is not None:
             metrics["acceptance_rate"] = acc.rate
@@ -69,22 +76,39 @@ async def _run_case(
         for pos, rate in enumerate(acc.per_position):
             metrics[f"acceptance_pos{pos}"] = rate
     return TrialRecord(
-        case=case_name, trial=trial, duration_s=duration, requests=records,
-        metrics=metrics, acceptance=acc_rec,
+        case=case_name,
+        trial=trial,
+        duration_s=duration,
+        requests=records,
+        metrics=metrics,
+        acceptance=acc_rec,
     )
 
 
-async def measure(endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None) -> dict[str, CaseResult]:
+async def measure(
+    endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None
+) -> dict[str, CaseResult]:
     say = progress or (lambda _msg: None)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=bench.request_timeout_s) as client:
         url = f"{endpoint.base_url}/v1/chat/completions"
         for i in range(bench.warmup_requests):
             say(f"warm-up {i + 1}/{bench.warmup_requests}")
-            payload = chat_payload(endpoint.model, workload.warmup_prompt(), max_tokens=16,
-                                   temperature=bench.temperature, seed=bench.seed)
-            rec = await stream_chat(client, url, payload, index=i, t0=time.perf_counter(),
-                                    timeout_s=bench.request_timeout_s)
+            payload = chat_payload(
+                endpoint.model,
+                workload.warmup_prompt(),
+                max_tokens=16,
+                temperature=bench.temperature,
+                seed=bench.seed,
+            )
+            rec = await stream_chat(
+                client,
+                url,
+                payload,
+                index=i,
+                t0=time.perf_counter(),
+                timeout_s=bench.request_timeout_s,
+            )
             if rec.error:
                 raise RuntimeError(f"warm-up request failed: {rec.error}")
         trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
@@ -102,7 +126,10 @@ async def measure(endpoint: Endpoint, bench: BenchConfig, progress: Progress | N
             if s is not None:
                 summary[key] = s
         results[name] = CaseResult(
-            case=name, concurrency=case.concurrency, trials=recs, summary=summary,
+            case=name,
+            concurrency=case.concurrency,
+            trials=recs,
+            summary=summary,
             failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
         )
     return results

@@ -32,8 +32,7 @@ def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurren
     decode = [
         (r.output_tokens - 1) / (r.latency_s - r.ttft_s)
         for r in ok
-        if r.latency_s is not None and r.ttft_s is not None
-        and r.latency_s > r.ttft_s and r.output_tokens > 1
+        if r.latency_s is not None and r.ttft_s is not None and r.latency_s > r.ttft_s and r.output_tokens > 1
     ]
     if decode:
         out["decode_tok_s"] = statistics.median(decode)

@@ -20,14 +20,20 @@ def fmt_range(s: Summary | None, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def print_plan(console: Console, index: int, plan: LaunchPlan, check: ValidationResult | None) -> None:
-    console.print(f"[bold][{index}] {plan.label}[/bold]  hash={plan.variant_hash}  launcher={plan.kind}  device={plan.device}")
+    console.print(
+        f"[bold][{index}] {plan.label}[/bold]  hash={plan.variant_hash}  "
+        f"launcher={plan.kind}  device={plan.device}"
+    )
     for note in plan.notes:
         console.print(f"    [yellow]note:[/yellow] {note}")
     for node in plan.nodes:
         prefix = f"    node {node.rank} ({node.host})" if len(plan.nodes) > 1 else "    command"
         console.print(f"{prefix}:", highlight=False)
-        console.print("      " + " \\\n        ".join(shlex.quote(a) for a in redact_argv(node.argv)),
-                      highlight=False, soft_wrap=True)
+        console.print(
+            "      " + " \\\n        ".join(shlex.quote(a) for a in redact_argv(node.argv)),
+            highlight=False,
+            soft_wrap=True,
+        )
         env = redact_env(node.env)
         if env:
             console.print("      env:", highlight=False)

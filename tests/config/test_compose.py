@@ -26,7 +26,9 @@ def test_cartesian_product_in_command_line_order_with_a_baseline_per_configurati
     spec = [v for v in variants if not v.is_baseline]
     base = [v for v in variants if v.is_baseline]
     assert len(spec) == 8 and len(base) == 4
-    assert [(v.config.spec.depth, v.config.attention.backend, v.config.server.block_size) for v in spec[:2]] == [
+    assert [
+        (v.config.spec.depth, v.config.attention.backend, v.config.server.block_size) for v in spec[:2]
+    ] == [
         (3, "FLASHINFER", 16),
         (3, "FLASHINFER", 32),
     ]
@@ -40,10 +42,18 @@ def test_cartesian_product_in_command_line_order_with_a_baseline_per_configurati
 
 def test_range_choice_and_glob_use_hydra_grammar() -> None:
     assert labels(["spec=ngram", "spec.depth=range(2,5)"], with_baseline=False) == [
-        "ngram-k2", "ngram-k3", "ngram-k4"
+        "ngram-k2",
+        "ngram-k3",
+        "ngram-k4",
     ]
-    assert labels(["spec=ngram", "spec.depth=choice(1,6)"], with_baseline=False) == ["ngram-k1", "ngram-k6"]
-    backends = [v.config.attention.backend for v in plan_sweep(["attention=glob(*)", "spec=none"], with_baseline=False)]
+    assert labels(["spec=ngram", "spec.depth=choice(1,6)"], with_baseline=False) == [
+        "ngram-k1",
+        "ngram-k6",
+    ]
+    backends = [
+        v.config.attention.backend
+        for v in plan_sweep(["attention=glob(*)", "spec=none"], with_baseline=False)
+    ]
     assert sorted(backends) == sorted(["auto", "B12X", "CPU_ATTN", "FLASHINFER", "FLASH_ATTN", "TRITON_ATTN"])
 
 

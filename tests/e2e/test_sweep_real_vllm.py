@@ -19,8 +19,11 @@ pytestmark = pytest.mark.e2e
 
 def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     require_vllm()
-    out = run_cli(["sweep", "spec.depth=3", "bench=smoke", "tracking.experiment=e2e", "--name", "e2e"],
-                  workdir, timeout=900)
+    out = run_cli(
+        ["sweep", "spec.depth=3", "bench=smoke", "tracking.experiment=e2e", "--name", "e2e"],
+        workdir,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "no MTP layers" in out.stdout and "specexp sweep" in out.stdout
     sweep = json.loads((workdir / "results" / "e2e" / "sweep.json").read_text())
@@ -63,9 +66,23 @@ def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
     require_vllm()
     env = {**os.environ, "SPECEXP_WORKDIR": str(workdir)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specexp", "sweep", "spec=none", "--no-baseline", "bench=smoke",
-         "tracking.experiment=ctrlc", "--name", "ctrlc"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "specexp",
+            "sweep",
+            "spec=none",
+            "--no-baseline",
+            "bench=smoke",
+            "tracking.experiment=ctrlc",
+            "--name",
+            "ctrlc",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         launch = None

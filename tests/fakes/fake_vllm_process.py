@@ -21,7 +21,7 @@ def log(msg: str) -> None:
 
 
 class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 

@@ -19,9 +19,16 @@ def fake_plan(mode: str) -> LaunchPlan:
     port = free_port()
     argv = (sys.executable, str(FAKE), mode, str(port))
     return LaunchPlan(
-        label=f"fake-{mode}", variant_hash="0" * 12, kind="local", device="cpu", model_path="/fake",
-        serve_args=(), nodes=(NodePlan(0, "127.0.0.1", argv, {}),), api_host="127.0.0.1",
-        api_port=port, served_model="/fake",
+        label=f"fake-{mode}",
+        variant_hash="0" * 12,
+        kind="local",
+        device="cpu",
+        model_path="/fake",
+        serve_args=(),
+        nodes=(NodePlan(0, "127.0.0.1", argv, {}),),
+        api_host="127.0.0.1",
+        api_port=port,
+        served_model="/fake",
     )
 
 
@@ -64,7 +71,10 @@ def test_ready_records_phases_and_stop_leaves_no_process(tmp_path: Path) -> None
 
 def test_crash_during_startup_is_seen_at_once_with_the_error_line(tmp_path: Path) -> None:
     t0 = time.perf_counter()
-    with pytest.raises(LaunchError) as info, LocalLauncher(fake_plan("crash"), tmp_path / "s.log", ready_timeout_s=60) as ln:
+    with (
+        pytest.raises(LaunchError) as info,
+        LocalLauncher(fake_plan("crash"), tmp_path / "s.log", ready_timeout_s=60) as ln,
+    ):
         ln.wait_ready()
     assert time.perf_counter() - t0 < 15  # far below the 60 s deadline
     msg = str(info.value)
@@ -74,8 +84,10 @@ def test_crash_during_startup_is_seen_at_once_with_the_error_line(tmp_path: Path
 
 
 def test_hang_hits_the_deadline_and_names_the_phases_seen(tmp_path: Path) -> None:
-    with pytest.raises(LaunchError, match=r"not ready after 2s .*weights_loaded"), \
-            LocalLauncher(fake_plan("hang"), tmp_path / "s.log", ready_timeout_s=2) as ln:
+    with (
+        pytest.raises(LaunchError, match=r"not ready after 2s .*weights_loaded"),
+        LocalLauncher(fake_plan("hang"), tmp_path / "s.log", ready_timeout_s=2) as ln,
+    ):
         ln.wait_ready()
     assert not alive(worker_pid(tmp_path / "s.log"))
 
@@ -97,8 +109,18 @@ def test_missing_binary_is_a_launch_error(tmp_path: Path) -> None:
 
 
 def test_phase_durations_follow_marker_order() -> None:
-    marks = {"engine_init": 10.0, "weights_start": 17.0, "weights_loaded": 18.0, "engine_ready": 20.0, "api_ready": 22.0}
+    marks = {
+        "engine_init": 10.0,
+        "weights_start": 17.0,
+        "weights_loaded": 18.0,
+        "engine_ready": 20.0,
+        "api_ready": 22.0,
+    }
     assert startup_phases(marks, 23.0) == {
-        "api_import_config_s": 10.0, "engine_spawn_s": 7.0, "weight_load_s": 1.0,
-        "kv_cache_warmup_s": 2.0, "api_start_s": 2.0, "health_s": 1.0,
+        "api_import_config_s": 10.0,
+        "engine_spawn_s": 7.0,
+        "weight_load_s": 1.0,
+        "kv_cache_warmup_s": 2.0,
+        "api_start_s": 2.0,
+        "health_s": 1.0,
     }

@@ -59,7 +59,9 @@ def test_seed_003_plan_has_every_flag_and_env_var_of_the_seed() -> None:
         assert node.env["GLOO_SOCKET_IFNAME"] == "enp1s0f0np0"
 
 
-def test_cpu_plan_is_eager_with_cpu_env_and_one_json_speculative_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_plan_is_eager_with_cpu_env_and_one_json_speculative_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(plan_mod, "detect_device", lambda requested: "cpu")
     (v,) = plan_sweep(["spec.depth=5"], with_baseline=False)
     p = build_plan(v, port=8123, resolve_model=False)
@@ -69,7 +71,10 @@ def test_cpu_plan_is_eager_with_cpu_env_and_one_json_speculative_argument(monkey
     spec_args = [a for a in args if a.startswith("--speculative-config=")]
     assert len(spec_args) == 1
     assert json.loads(spec_args[0].split("=", 1)[1]) == {
-        "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
     }
     env = p.head.env
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
@@ -77,8 +82,10 @@ def test_cpu_plan_is_eager_with_cpu_env_and_one_json_speculative_argument(monkey
 
 
 def test_baseline_has_no_speculative_config_and_user_flags_come_last() -> None:
-    (v,) = plan_sweep(["spec=none", 'server.extra_args=["--max-num-seqs=8"]', "server.block_size=32"],
-                      with_baseline=False)
+    (v,) = plan_sweep(
+        ["spec=none", 'server.extra_args=["--max-num-seqs=8"]', "server.block_size=32"],
+        with_baseline=False,
+    )
     args = list(build_plan(v, port=9000, resolve_model=False).serve_args)
     assert not any(a.startswith("--speculative-config") for a in args)
     assert "--block-size=32" in args and args[-1] == "--max-num-seqs=8"
@@ -96,8 +103,14 @@ def test_intel_openmp_preload_follows_the_switch(monkeypatch: pytest.MonkeyPatch
 
 def test_secrets_are_redacted() -> None:
     assert redact_env({"HF_TOKEN": "abc", "NCCL_IB_TC": "104", "MY_API_KEY": "x"}) == {
-        "HF_TOKEN": "***", "NCCL_IB_TC": "104", "MY_API_KEY": "***",
+        "HF_TOKEN": "***",
+        "NCCL_IB_TC": "104",
+        "MY_API_KEY": "***",
     }
     assert redact_argv(["vllm", "--api-key", "s3cret", "--hf-token=tok", "--port=1"]) == [
-        "vllm", "--api-key", "***", "--hf-token=***", "--port=1",
+        "vllm",
+        "--api-key",
+        "***",
+        "--hf-token=***",
+        "--port=1",
     ]

@@ -40,23 +40,33 @@ def run(events: list[tuple[float, bytes]], status: int = 200):  # type: ignore[n
 
     async def go():  # type: ignore[no-untyped-def]
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            payload = chat_payload("m", [{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, seed=0)
-            return await stream_chat(client, "http://x/v1/chat/completions", payload,
-                                     index=0, t0=time.perf_counter(), timeout_s=10)
+            payload = chat_payload(
+                "m", [{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, seed=0
+            )
+            return await stream_chat(
+                client,
+                "http://x/v1/chat/completions",
+                payload,
+                index=0,
+                t0=time.perf_counter(),
+                timeout_s=10,
+            )
 
     return asyncio.run(go())
 
 
 def test_timing_invariant_and_usage_tokens() -> None:
-    rec = run([
-        (0.05, b": ping\n\n"),
-        (0.0, content("Hel")),
-        (0.02, content("lo")),
-        (0.03, content(" world")),
-        (0.0, sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
-        (0.04, USAGE),  # after the last token: must not extend latency
-        (0.0, b"data: [DONE]\n\n"),
-    ])
+    rec = run(
+        [
+            (0.05, b": ping\n\n"),
+            (0.0, content("Hel")),
+            (0.02, content("lo")),
+            (0.03, content(" world")),
+            (0.0, sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})),
+            (0.04, USAGE),  # after the last token: must not extend latency
+            (0.0, b"data: [DONE]\n\n"),
+        ]
+    )
     assert rec.ok and rec.text == "Hello world" and rec.finish_reason == "stop"
     assert rec.output_tokens == 9 and rec.prompt_tokens == 7 and rec.chunks == 3
     assert rec.ttft_s is not None and rec.ttft_s >= 0.045
@@ -84,7 +94,14 @@ def test_http_error_status_is_recorded() -> None:
 def test_connection_failure_is_data_not_an_exception() -> None:
     async def go():  # type: ignore[no-untyped-def]
         async with httpx.AsyncClient() as client:
-            return await stream_chat(client, "http://127.0.0.1:9/v1/chat/completions", {}, index=3,
-                                     t0=time.perf_counter(), timeout_s=2)
+            return await stream_chat(
+                client,
+                "http://127.0.0.1:9/v1/chat/completions",
+                {},
+                index=3,
+                t0=time.perf_counter(),
+                timeout_s=2,
+            )
+
     rec = asyncio.run(go())
     assert not rec.ok and rec.index == 3 and "ConnectError" in (rec.error or "")

@@ -29,7 +29,11 @@ def bump(text: str, **new: float) -> str:
         name, _, label = key.partition("__")
         lines = []
         for ln in out.splitlines():
-            if ln.startswith(f"vllm:{name}{{") and 'engine="0"' in ln and (not label or f'position="{label}"' in ln):
+            if (
+                ln.startswith(f"vllm:{name}{{")
+                and 'engine="0"' in ln
+                and (not label or f'position="{label}"' in ln)
+            ):
                 ln = ln.rsplit(" ", 1)[0] + f" {value}"
             lines.append(ln)
         out = "\n".join(lines) + "\n"
@@ -62,7 +66,7 @@ def test_delta_matches_vllm_bench_definitions() -> None:
 
 
 def test_no_speculation_gives_none_and_a_restart_is_an_error() -> None:
-    plain = "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine=\"0\"} 5.0\n"
+    plain = '# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine="0"} 5.0\n'
     assert delta(parse_metrics(plain), parse_metrics(plain)) is None
     restarted = bump(BEFORE, spec_decode_num_accepted_tokens_total=1.0)
     with pytest.raises(ValueError, match="restarted"):

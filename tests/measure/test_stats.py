@@ -7,7 +7,9 @@ from specexp.record.results import RequestRecord
 
 
 def rec(i: int, ttft: float, latency: float, tokens: int, error: str | None = None) -> RequestRecord:
-    return RequestRecord(index=i, start_s=0.0, ttft_s=ttft, latency_s=latency, output_tokens=tokens, error=error)
+    return RequestRecord(
+        index=i, start_s=0.0, ttft_s=ttft, latency_s=latency, output_tokens=tokens, error=error
+    )
 
 
 def test_summary_is_median_min_max() -> None:

@@ -8,10 +8,22 @@ from specexp.record.results import CaseResult, Summary, VariantResult
 
 
 def result(label: str, tok_s: float, status: str = "ok") -> VariantResult:
-    case = CaseResult(case="single", concurrency=1, trials=[],
-                      summary={"decode_tok_s": Summary(median=tok_s, min=tok_s - 1, max=tok_s + 1, n=3)})
-    return VariantResult(label=label, variant_hash="h", is_baseline=False, overrides=[], status=status,  # type: ignore[arg-type]
-                         ready_s=25.0, startup_phases={"weight_load_s": 0.6}, cases={"single": case})
+    case = CaseResult(
+        case="single",
+        concurrency=1,
+        trials=[],
+        summary={"decode_tok_s": Summary(median=tok_s, min=tok_s - 1, max=tok_s + 1, n=3)},
+    )
+    return VariantResult(
+        label=label,
+        variant_hash="h",
+        is_baseline=False,
+        overrides=[],
+        status=status,  # type: ignore[arg-type]
+        ready_s=25.0,
+        startup_phases={"weight_load_s": 0.6},
+        cases={"single": case},
+    )
 
 
 def test_metrics_are_flat_with_ratio_to_baseline() -> None:
@@ -42,7 +54,9 @@ def test_runs_in_a_real_sqlite_store_with_statuses(workdir: Path) -> None:
     run1, run2, top = client.get_run(r1), client.get_run(r2), client.get_run(parent)
     assert run1.info.status == "FINISHED" and run2.info.status == "FAILED" and top.info.status == "FINISHED"
     assert run1.data.tags["mlflow.parentRunId"] == parent
-    assert run1.data.params["spec.method"] == "none" and run2.data.params["spec.num_speculative_tokens"] == "3"
+    assert (
+        run1.data.params["spec.method"] == "none" and run2.data.params["spec.num_speculative_tokens"] == "3"
+    )
     assert run2.data.params["spec.prompt_lookup_max"] == "4"
     assert run2.data.tags["specexp.error"] == "vllm serve exited with code 1"
     assert "no MTP layers" in run2.data.tags["specexp.notes"]
