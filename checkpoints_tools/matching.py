@@ -1,0 +1,58 @@
+"""How each quantization format matches module names against its ignore list, and the
+minimal patterns that exclude a set of modules.
+
+- compressed-tensors (``should_ignore_layer``): exact string equality, or a ``re:``
+  pattern applied with ``re.match`` (anchored at the start only).
+- ModelOpt (``is_layer_excluded``): exact, plain substring (also with ``language_model.``
+  stripped from the name), or ``fnmatch`` on the name.
+
+vLLM applies these to its own (possibly fused) module prefixes; on checkpoint names,
+shard by shard, the result is the same when all shards of a fused layer agree, which is
+what the tool checks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+
+from checkpoints_tools.quant_config import Format
+
+
+def ct_matches(name: str, pattern: str) -> bool:
+    if pattern.startswith("re:"):
+        try:
+            return re.match(pattern[3:], name) is not None
+        except re.error:
+            return False
+    return name == pattern
+
+
+def modelopt_matches(name: str, pattern: str) -> bool:
+    stripped = name.replace("language_model.", "")
+    return name == pattern or pattern in name or pattern in stripped or fnmatchcase(name, pattern)
+
+
+def matches(fmt: Format, name: str, pattern: str) -> bool:
+    return ct_matches(name, pattern) if fmt == "compressed-tensors" else modelopt_matches(name, pattern)
+
+
+def is_ignored(fmt: Format, name: str, patterns: Iterable[str]) -> bool:
+    return any(matches(fmt, name, p) for p in patterns)
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("[.]" if c == "." else re.escape(c) for c in text)
+
+
+def unit_patterns(fmt: Format, unit: str, whole_prefix: bool) -> list[str]:
+    """Patterns that exclude ``unit``: a whole layer prefix, or one exact module name."""
+    if not whole_prefix:
+        return [unit]
+    if fmt == "compressed-tensors":
+        return [f"re:{_regex_literal(unit)}[.]"]
+    out = [f"{unit}.*"]
+    if "language_model." in unit:  # vLLM also strips it before its substring test
+        out.append(f"{unit.replace('language_model.', '')}.*")
+    return out

@@ -1,0 +1,100 @@
+"""The header reader against real files and adversarial ones: each a clear error, nothing written."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from checkpoints_tools.header import HeaderError, read_checkpoint, read_header
+from checkpoints_tools.synthetic import glm_like, write_safetensors
+
+
+def raw_file(path: Path, header: bytes, data: bytes = b"", n: int | None = None) -> Path:
+    path.write_bytes(struct.pack("<Q", len(header) if n is None else n) + header + data)
+    return path
+
+
+def test_written_files_are_real_safetensors(tmp_path: Path) -> None:
+    p = tmp_path / "a.safetensors"
+    write_safetensors(
+        p, {"w": ("BF16", (4, 8)), "s": ("F8_E4M3", (4, 1)), "g": ("F32", ())}, {"format": "pt"}
+    )
+    with safe_open(str(p), framework="numpy") as f:  # the reference reader accepts them
+        assert sorted(f.keys()) == ["g", "s", "w"]
+        assert f.metadata() == {"format": "pt"}
+    h = read_header(p)
+    assert h.tensors["w"].dtype == "BF16" and h.tensors["w"].shape == (4, 8)
+    assert h.metadata == {"format": "pt"} and h.data_size == 64 + 4 + 4
+
+
+def test_golden_bytes_from_the_safetensors_test_suite(tmp_path: Path) -> None:
+    p = tmp_path / "g.safetensors"
+    p.write_bytes(
+        b'@\x00\x00\x00\x00\x00\x00\x00{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}   '
+        b" \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    )
+    assert read_header(p).tensors["test"].shape == (2, 2)
+
+
+def _entry(offsets: list[int], dtype: str = "U8", shape: list[int] | None = None) -> dict[str, object]:
+    return {"dtype": dtype, "shape": shape or [offsets[1] - offsets[0]], "data_offsets": offsets}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_bytes(b"\x01\x02\x03"), "too small"),
+        (lambda p: raw_file(p, b"{}", n=10_000), "runs past the end"),
+        (lambda p: raw_file(p, b"{}", n=100_000_001), "exceeds the 100000000 byte limit"),
+        (lambda p: raw_file(p, b'{"a": "\xff\xfe"}'), "not valid UTF-8"),
+        (lambda p: raw_file(p, b'  {"a": 1}'), "does not start with '{'"),
+        (lambda p: raw_file(p, b'{"a": '), "not valid JSON"),
+        (lambda p: raw_file(p, json.dumps({"w": _entry([0, 8])}).encode(), b"\0" * 4), "cover 8 bytes"),
+        (
+            lambda p: raw_file(
+                p, json.dumps({"w": _entry([0, 8]), "v": _entry([4, 12])}).encode(), b"\0" * 12
+            ),
+            "overlaps",
+        ),
+        (lambda p: raw_file(p, json.dumps({"w": _entry([2, 8])}).encode(), b"\0" * 8), "gap"),
+        (
+            lambda p: raw_file(p, json.dumps({"w": _entry([0, 8], "BF16", [3])}).encode(), b"\0" * 8),
+            "needs 6",
+        ),
+        (lambda p: raw_file(p, json.dumps({"w": _entry([0, 4], "Q9")}).encode(), b"\0" * 4), "unknown dtype"),
+        (
+            lambda p: raw_file(p, json.dumps({"w": _entry([8, 4], "U8", [4])}).encode()),
+            "invalid data_offsets",
+        ),
+        (lambda p: raw_file(p, json.dumps({"__metadata__": {"a": 1}}).encode()), "__metadata__"),
+    ],
+)
+def test_adversarial_headers_are_clear_errors(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "bad.safetensors"
+    make(p)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(HeaderError, match=message) as info:
+        read_header(p)
+    assert "bad.safetensors" in str(info.value) and "\n" not in str(info.value)
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_index_pointing_at_a_missing_shard(tmp_path: Path) -> None:
+    glm_like(tmp_path, shards=2)
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(HeaderError, match="missing shard model-00002-of-00002"):
+        read_checkpoint(tmp_path)
+
+
+def test_index_naming_a_tensor_the_shard_lacks(tmp_path: Path) -> None:
+    glm_like(tmp_path, shards=2)
+    index = tmp_path / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"]["model.layers.99.ghost.weight"] = "model-00001-of-00002.safetensors"
+    index.write_text(json.dumps(doc))
+    with pytest.raises(HeaderError, match="ghost"):
+        read_checkpoint(tmp_path)
