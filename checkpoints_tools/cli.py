@@ -27,10 +27,14 @@ def _print_report(r: ScanReport) -> None:
     if r.consistent:
         print("  consistent: every module is stored the way the config loads it")
         return
+    groups: dict[tuple[str | None, str, str], list[str]] = {}
     for p in r.problems:
-        where = f" (MTP layer {p.mtp_layer})" if p.mtp_layer else ""
-        what = "stored unquantized but not ignored" if p.kind == UNQUANTIZED else "quantized but ignored"
-        print(f"  MISMATCH {p.module}: {p.storage}, {what}{where}")
+        groups.setdefault((p.mtp_layer, p.kind, p.storage), []).append(p.module)
+    for (layer, kind, storage), names in groups.items():
+        what = "stored unquantized but not ignored" if kind == UNQUANTIZED else "quantized but ignored"
+        where = f"MTP layer {layer}: " if layer else ""
+        shown = ", ".join(names[:3]) + (f", … ({len(names)} in all)" if len(names) > 3 else "")
+        print(f"  MISMATCH {where}{len(names)} module(s) {storage}, {what}: {shown}")
     if r.fix_patterns:
         print("  fix appends: " + json.dumps(r.fix_patterns))
         print(f"  run: python -m checkpoints_tools fix {shlex.quote(r.model_dir)}")

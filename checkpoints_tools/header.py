@@ -11,7 +11,6 @@ standard library is used: no torch, no numpy.
 from __future__ import annotations
 
 import json
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,35 +109,43 @@ def _validate(path: Path, doc: dict[str, object], data_size: int) -> Header:
             raise HeaderError(f"{name}: __metadata__ must map strings to strings")
         metadata = dict(raw_meta)
     tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    bits = DTYPE_BITS
     for tname, info in doc.items():
-        if not isinstance(info, dict):
+        # one tight loop: this runs once per tensor (100,000+ on large checkpoints)
+        if type(info) is not dict:
             raise HeaderError(f"{name}: tensor {tname!r} entry is not an object")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in DTYPE_BITS:
+        width = bits.get(dtype) if type(dtype) is str else None
+        if width is None:
             raise HeaderError(f"{name}: tensor {tname!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        if type(shape) is not list:
             raise HeaderError(f"{name}: tensor {tname!r} has an invalid shape {shape!r}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and o >= 0 for o in offsets)
-            or offsets[0] > offsets[1]
-        ):
+        count = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise HeaderError(f"{name}: tensor {tname!r} has an invalid shape {shape!r}")
+            count *= d
+        if type(offsets) is not list or len(offsets) != 2:
             raise HeaderError(f"{name}: tensor {tname!r} has invalid data_offsets {offsets!r}")
         begin, end = offsets
-        nbits = math.prod(shape) * DTYPE_BITS[str(dtype)]
-        if nbits % 8 or nbits // 8 != end - begin:
+        if type(begin) is not int or type(end) is not int or not 0 <= begin <= end:
+            raise HeaderError(f"{name}: tensor {tname!r} has invalid data_offsets {offsets!r}")
+        nbits = count * width
+        if nbits % 8 or nbits >> 3 != end - begin:
             raise HeaderError(
                 f"{name}: tensor {tname!r} spans {end - begin} bytes but {dtype}{shape} needs {nbits / 8:g}"
             )
         tensors[tname] = TensorInfo(str(dtype), tuple(shape), begin, end, name)
+        spans.append((begin, end, tname))
     # the buffer must be covered exactly: sorted by begin, each starts where the previous ended
+    spans.sort()
     cursor = 0
-    for tname, t in sorted(tensors.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
-        if t.begin != cursor:
-            kind = "overlaps the previous tensor" if t.begin < cursor else "leaves a gap before it"
-            raise HeaderError(f"{name}: tensor {tname!r} at offset {t.begin} {kind} (expected {cursor})")
-        cursor = t.end
+    for begin, end, tname in spans:
+        if begin != cursor:
+            kind = "overlaps the previous tensor" if begin < cursor else "leaves a gap before it"
+            raise HeaderError(f"{name}: tensor {tname!r} at offset {begin} {kind} (expected {cursor})")
+        cursor = end
     if cursor != data_size:
         raise HeaderError(f"{name}: tensors cover {cursor} bytes but the data buffer holds {data_size}")
     return Header(path, tensors, metadata, data_size)

@@ -28,6 +28,7 @@ from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, ValidationFailed
 from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
+from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
 from specexp.measure.runner import measure
 from specexp.paths import workdir
@@ -53,8 +54,11 @@ def dry_run(variants: list[Variant], console: Console, validate: bool = True) ->
     plans = _plans(variants, resolve_model=True)
     checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
     console.print(f"{len(plans)} variant(s)", highlight=False)
-    for i, (plan, check) in enumerate(zip(plans, checks, strict=True)):
+    for i, (variant, plan, check) in enumerate(zip(variants, plans, checks, strict=True)):
         print_plan(console, i, plan, check)
+        pre = check_checkpoint(variant, plan.model_path, allow_fix=False)
+        if pre.ran:
+            console.print(f"    {pre.message}", highlight=False, soft_wrap=True)
     return [c for c in checks if c is not None]
 
 
@@ -215,6 +219,13 @@ def _run_variant(
     t0 = time.perf_counter()
     interrupted = False
     try:
+        pre = check_checkpoint(variant, plan.model_path)
+        if pre.ran:
+            result.notes.append(pre.message)
+            if sink and run_id and pre.fixed_patterns:
+                sink.client.set_tag(run_id, "specexp.checkpoint_autofix", " ".join(pre.fixed_patterns))
+            if not pre.ok:
+                raise LaunchError(pre.message)
         launcher = LocalLauncher(
             plan,
             vdir / "server.log",

@@ -178,6 +178,14 @@ class TrackingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Preflight of the target checkpoint for methods that load MTP layers from it."""
+
+    preflight: bool = True  # scan safetensors headers for BF16 MTP layers the config would quantize
+    autofix: bool = False  # append the missing ignore patterns (with a backup) instead of stopping
+
+
+@dataclass
 class SweepConfig:
     baseline: bool = True  # add the no-speculation variant of every configuration
     results_dir: str = "results"
@@ -193,6 +201,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
