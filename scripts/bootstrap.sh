@@ -62,7 +62,7 @@ setup_vllm() {
   quiet_pip "$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check "${VLLM_PKGS[@]}"
   # PyPI's torchvision/torchaudio/torchcodec link CUDA and break transformers' imports.
   quiet_pip "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-  "$VLLM_VENV/bin/python" "$ROOT/specexp/launch/vllm_entry.py" --version >/dev/null
+  "$VLLM_VENV/bin/python" "$ROOT/specexp/launch/vllm_entry.py" --version >/dev/null 2>&1
   echo "$want" > "$VLLM_VENV/.specexp-stamp"
 }
 

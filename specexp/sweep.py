@@ -246,10 +246,12 @@ def _run_variant(
     except KeyboardInterrupt:
         result.status, result.error = "interrupted", "interrupted by the user"
         interrupted = True
-    except (LaunchError, RuntimeError, OSError, ValueError) as exc:
-        result.status, result.error = "failed", str(exc)
-        if not isinstance(exc, LaunchError):
-            result.error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # any failure of one variant is recorded; the sweep goes on
+        result.status = "failed"
+        result.error = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+    except BaseException:  # SystemExit and the like: never leave the run looking good
+        result.status, result.error = "failed", "aborted"
+        raise
     finally:
         result.wall_s = round(time.perf_counter() - t0, 3)
         atomic_write_json(vdir / "result.json", result)

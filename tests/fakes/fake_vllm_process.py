@@ -1,7 +1,7 @@
 """A stand-in for ``vllm serve`` with real process behaviour: startup log lines, a forked
 worker in the same process group, /health, and scripted faults.
 
-usage: fake_vllm_process.py MODE PORT   (MODE: ok | crash | hang | stubborn)
+usage: fake_vllm_process.py MODE PORT   (MODE: ok | crash | hang | stubborn | metrics500)
 """
 
 from __future__ import annotations
