@@ -185,6 +185,9 @@ def _describe(progress: Progress, task: TaskID, label: str, msg: str) -> None:
 
 
 def _report_variant(console: Console, r: VariantResult) -> None:
+    for note in r.notes:
+        if note.startswith("server log:"):
+            console.print(f"[yellow]warning[/yellow] {r.label}: {note}", highlight=False)
     if r.status == "ok":
         phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in r.startup_phases.items())
         console.print(
@@ -237,6 +240,10 @@ def _run_variant(
             endpoint = launcher.wait_ready()
             result.ready_s = launcher.startup.ready_s
             result.startup_phases = launcher.startup.phases
+            for line in launcher.substitutions:
+                result.notes.append(f"server log: {line} (the server ran something else than asked)")
+                if sink and run_id:
+                    sink.client.set_tag(run_id, "specexp.substitution", line)
             result.cases = asyncio.run(measure(endpoint, cfg.bench, say))
             say("stopping server")
         failed = sum(c.failed_requests for c in result.cases.values())

@@ -150,7 +150,7 @@ def _apply_mtp_fallback(config: Config) -> tuple[Config, tuple[str, ...]]:
 
 def _label(config: Config, combo: Sequence[str], varying: Sequence[str], baseline: bool) -> str:
     spec = config.spec
-    head = "baseline" if baseline else f"{spec.method}-k{spec.depth}"
+    head = "baseline" if baseline or spec.method == "none" else f"{spec.method}-k{spec.depth}"
     rest = []
     for item in combo:
         key, _, value = item.partition("=")

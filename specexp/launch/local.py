@@ -38,6 +38,9 @@ PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine_ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
     ("api_ready", re.compile(r"Application startup complete")),
 )
+# Lines where the server quietly runs something other than what was asked: the config in
+# the file is not the config that runs (vLLM's CPU build swaps a requested backend for its own).
+SUBSTITUTION_MARKERS = (re.compile(r"Cannot use \S+ backend on \w+"),)
 _ERROR_LINE = re.compile(r"(Error|error:|Exception|Traceback|FAILED|Killed)")
 _PR_SET_PDEATHSIG = 1
 
@@ -93,6 +96,7 @@ class LocalLauncher:
         self._marks: dict[str, float] = {}
         self._tail: collections.deque[str] = collections.deque(maxlen=60)
         self._reader: threading.Thread | None = None
+        self.substitutions: list[str] = []  # log lines where the server overrode the request
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,6 +133,10 @@ class LocalLauncher:
                 for name, pattern in PHASE_MARKERS:
                     if name not in self._marks and pattern.search(line):
                         self._marks[name] = round(now, 3)
+                for pattern in SUBSTITUTION_MARKERS:
+                    m = pattern.search(line)
+                    if m and m.group(0) not in self.substitutions:
+                        self.substitutions.append(m.group(0))
 
     def wait_ready(self) -> Endpoint:
         if self._proc is None:

@@ -44,6 +44,7 @@ time.sleep(0.2)
 log("INFO Starting to load model /fake...")
 time.sleep(0.2)
 log("INFO Loading weights took 0.20 seconds")
+log("(Worker pid=1) INFO [cpu.py:178] Cannot use AttentionBackendEnum.FLASHINFER backend on CPU.")
 if mode == "crash":
     log("ValueError: fake engine failed to allocate KV cache")
     sys.exit(3)

@@ -64,6 +64,7 @@ def test_ready_records_phases_and_stop_leaves_no_process(tmp_path: Path) -> None
         assert ln.startup.ready_s is not None and 0.4 < ln.startup.ready_s < 20
         assert {"weight_load_s", "engine_spawn_s", "kv_cache_warmup_s"} <= set(ln.startup.phases)
         assert alive(worker)
+        assert ln.substitutions == ["Cannot use AttentionBackendEnum.FLASHINFER backend on CPU"]
     assert leader is not None
     assert not alive(worker) and not alive(leader)
     assert "Application startup complete" in log.read_text()
