@@ -31,6 +31,7 @@ from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
 from specexp.measure.runner import measure
+from specexp.measure.stats import attach_verdicts
 from specexp.paths import workdir
 from specexp.record.files import atomic_write_json, atomic_write_text, variant_dir
 from specexp.record.mlflow_sink import MlflowSink
@@ -172,10 +173,7 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
             if status == "FINISHED" and failed:
                 status = "FAILED" if failed == len(sweep.variants) else "FINISHED"
             sink.end_sweep(status, {"wall_s": sweep.wall_s, "failed_variants": float(failed)})
-    baselines = {
-        r.label: by_hash.get(v.baseline_hash or "") for v, r in zip(variants, sweep.variants, strict=False)
-    }
-    console.print(summary_table(sweep.variants, baselines))
+    console.print(summary_table(sweep.variants))
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {sweep_dir}", highlight=False)
     return SweepOutcome(sweep, sweep_dir, sink.uri if sink else None)
 
@@ -245,6 +243,7 @@ def _run_variant(
                 if sink and run_id:
                     sink.client.set_tag(run_id, "specexp.substitution", line)
             result.cases = asyncio.run(measure(endpoint, cfg.bench, say))
+            attach_verdicts(result, baseline)
             say("stopping server")
         failed = sum(c.failed_requests for c in result.cases.values())
         total = sum(len(t.requests) for c in result.cases.values() for t in c.trials)

@@ -155,8 +155,8 @@ class BenchConfig:
     reset_prefix_cache: bool = True  # between trials, so trial 1 is not the only cold one
     cases: dict[str, CaseConfig] = field(
         default_factory=lambda: {
-            "single": CaseConfig(concurrency=1, num_prompts=2, max_tokens=128),
-            "concurrent4": CaseConfig(concurrency=4, num_prompts=4, max_tokens=128),
+            "single": CaseConfig(concurrency=1, num_prompts=4, max_tokens=192),
+            "concurrent4": CaseConfig(concurrency=4, num_prompts=12, max_tokens=192),
         }
     )
 

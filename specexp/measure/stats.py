@@ -1,18 +1,104 @@
-"""Pure statistics over trials (reused by compare and tune later)."""
+"""Pure statistics over trials (reused by compare and tune later).
+
+One trial lies (seed 000: a "3.1 tok/s regression" was noise; five trials said 6.7 with
+a range of 6.4-10.2), so every figure is a median with its range, MAD and CV; a trial far
+from the others is flagged (robust z on the MAD, Iglewicz-Hoaglin) and shown, never dropped.
+"""
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
-from specexp.record.results import RequestRecord, Summary
+from specexp.record.results import CaseResult, RequestRecord, Summary, VariantResult, Verdict
+
+OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut for the modified z-score
+OUTLIER_MIN_REL = 0.05  # and at least 5 % from the median: two near-equal trials make MAD tiny
+
+
+def mad(values: Sequence[float]) -> float:
+    med = statistics.median(values)
+    return statistics.median(abs(v - med) for v in values)
+
+
+def outlier_indices(
+    values: Sequence[float], threshold: float = OUTLIER_Z, min_rel: float = OUTLIER_MIN_REL
+) -> list[int]:
+    """Indices whose modified z-score exceeds ``threshold`` and that lie at least ``min_rel``
+    (relative) from the median (needs at least 3 values).
+
+    z = 0.6745 (x - median) / MAD; when MAD is 0 (most values equal) the mean absolute
+    deviation stands in (z = (x - median) / (1.253314 MeanAD)).
+    """
+    if len(values) < 3:
+        return []
+    med = statistics.median(values)
+    m = mad(values)
+    if m > 0:
+        scores = [0.6745 * (v - med) / m for v in values]
+    else:
+        mean_ad = statistics.fmean(abs(v - med) for v in values)
+        if mean_ad == 0:
+            return []
+        scores = [(v - med) / (1.253314 * mean_ad) for v in values]
+    far = [abs(v - med) > min_rel * abs(med) for v in values]
+    return [i for i, z in enumerate(scores) if abs(z) > threshold and far[i]]
 
 
 def summarize(values: Iterable[float]) -> Summary | None:
     vals = [v for v in values if v is not None]
     if not vals:
         return None
-    return Summary(median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals))
+    mean = statistics.fmean(vals)
+    cv = statistics.stdev(vals) / mean if len(vals) >= 2 and mean != 0 else None
+    return Summary(
+        median=statistics.median(vals),
+        min=min(vals),
+        max=max(vals),
+        n=len(vals),
+        mad=mad(vals),
+        cv=cv,
+        outliers=outlier_indices(vals),
+    )
+
+
+def compare(
+    metric: str,
+    baseline: Sequence[float],
+    variant: Sequence[float],
+    *,
+    higher_is_better: bool = True,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Verdict | None:
+    """Ratio of medians with a percentile-bootstrap interval, and what it says.
+
+    "better"/"worse" only when the whole interval is on one side of 1; otherwise "no
+    clear difference", which a caller reads as a tie that goes to the simpler config.
+    """
+    if not baseline or not variant or statistics.median(baseline) <= 0:
+        return None
+    ratio = statistics.median(variant) / statistics.median(baseline)
+    rng = random.Random(seed)
+    boots = []
+    for _ in range(n_boot):
+        b = statistics.median(rng.choices(baseline, k=len(baseline)))
+        v = statistics.median(rng.choices(variant, k=len(variant)))
+        if b > 0:
+            boots.append(v / b)
+    boots.sort()
+    alpha = (1 - confidence) / 2
+    lo = boots[int(alpha * (len(boots) - 1))]
+    hi = boots[int((1 - alpha) * (len(boots) - 1))]
+    verdict: Literal["better", "worse", "no clear difference"] = "no clear difference"
+    if lo > 1:
+        verdict = "better" if higher_is_better else "worse"
+    elif hi < 1:
+        verdict = "worse" if higher_is_better else "better"
+    return Verdict(metric=metric, ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict)
 
 
 def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurrency: int) -> dict[str, float]:
@@ -37,3 +123,22 @@ def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurren
     if decode:
         out["decode_tok_s"] = statistics.median(decode)
     return out
+
+
+def primary_metric(case: CaseResult) -> str:
+    """The figure a case is about: decode speed for one stream, aggregate output for several."""
+    return "decode_tok_s" if case.concurrency == 1 else "output_tok_s"
+
+
+def attach_verdicts(result: VariantResult, baseline: VariantResult | None) -> None:
+    """Set each case's verdict against the same case of the baseline (trial values, not medians)."""
+    if baseline is None:
+        return
+    for name, case in result.cases.items():
+        base = baseline.cases.get(name)
+        if base is None:
+            continue
+        key = primary_metric(case)
+        b = [t.metrics[key] for t in base.trials if key in t.metrics]
+        v = [t.metrics[key] for t in case.trials if key in t.metrics]
+        case.verdict = compare(key, b, v)

@@ -45,11 +45,21 @@ def variant_metrics(result: VariantResult, baseline: VariantResult | None) -> di
             out[f"{case}.{metric}.median"] = s.median
             out[f"{case}.{metric}.min"] = s.min
             out[f"{case}.{metric}.max"] = s.max
+            out[f"{case}.{metric}.mad"] = s.mad
+            if s.cv is not None:
+                out[f"{case}.{metric}.cv"] = s.cv
+            if s.outliers:
+                out[f"{case}.{metric}.outlier_trials"] = float(len(s.outliers))
             if baseline is not None and metric in ("output_tok_s", "decode_tok_s"):
                 base = baseline.cases.get(case)
                 if base and metric in base.summary and base.summary[metric].median > 0:
                     out[f"{case}.{metric}.vs_baseline"] = s.median / base.summary[metric].median
         out[f"{case}.failed_requests"] = float(cr.failed_requests)
+        if cr.verdict is not None:
+            v = cr.verdict
+            out[f"{case}.{v.metric}.vs_baseline_ci_low"] = v.ci_low
+            out[f"{case}.{v.metric}.vs_baseline_ci_high"] = v.ci_high
+            out[f"{case}.verdict"] = {"better": 1.0, "worse": -1.0}.get(v.verdict, 0.0)
     return out
 
 
@@ -119,6 +129,9 @@ class MlflowSink:
                     self.client.log_batch(run_id, metrics=batch[i : i + 900])
             if result.error:
                 self.client.set_tag(run_id, "specexp.error", result.error[:5000])
+            for case, cr in result.cases.items():
+                if cr.verdict is not None:
+                    self.client.set_tag(run_id, f"specexp.verdict.{case}", cr.verdict.verdict)
             for path in artifacts:
                 if path.exists():
                     self.client.log_artifact(run_id, str(path))

@@ -61,6 +61,19 @@ class Summary(_Model):
     min: float
     max: float
     n: int
+    mad: float = 0.0  # median absolute deviation
+    cv: float | None = None  # coefficient of variation (stdev / mean), n >= 2
+    outliers: list[int] = Field(default_factory=list)  # trial indices far from the others (shown, kept)
+
+
+class Verdict(_Model):
+    """A variant's median against its baseline's, with a bootstrap interval of the ratio."""
+
+    metric: str
+    ratio: float  # variant median / baseline median
+    ci_low: float
+    ci_high: float
+    verdict: Literal["better", "worse", "no clear difference"]
 
 
 class CaseResult(_Model):
@@ -69,6 +82,7 @@ class CaseResult(_Model):
     trials: list[TrialRecord]
     summary: dict[str, Summary]  # metric name -> median [min, max] over trials
     failed_requests: int = 0
+    verdict: Verdict | None = None  # the case's main figure against the baseline
 
 
 class VariantResult(_Model):

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from specexp.launch.plan import LaunchPlan, redact_argv, redact_env
 from specexp.launch.validate import ValidationResult
-from specexp.record.results import CaseResult, Summary, VariantResult
+from specexp.measure.stats import primary_metric
+from specexp.record.results import Summary, VariantResult
 
 
 def fmt_range(s: Summary | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -53,12 +54,7 @@ def describe_check(check: ValidationResult) -> str:
     return f"validation {kind}: {check.error}"
 
 
-def _primary(cr: CaseResult) -> str:
-    """The figure a case is about: decode speed for one stream, aggregate output for several."""
-    return "decode_tok_s" if cr.concurrency == 1 else "output_tok_s"
-
-
-def summary_table(results: list[VariantResult], baselines: dict[str, VariantResult | None]) -> Table:
+def summary_table(results: list[VariantResult]) -> Table:
     """Variant × case: the case's main figure as median [min–max], ×baseline, TTFT, acceptance."""
     case_names: list[str] = []
     for r in results:
@@ -77,18 +73,19 @@ def summary_table(results: list[VariantResult], baselines: dict[str, VariantResu
             table.add_row(r.label, f"[red]{r.status}[/red]", *([""] * (3 * len(case_names))))
             continue
         row = [r.label, f"{r.ready_s:.1f}" if r.ready_s else "–"]
-        base = baselines.get(r.label)
         for name in case_names:
             cr = r.cases.get(name)
             if cr is None:
                 row += ["–", "–", "–"]
                 continue
-            key = _primary(cr)
-            cell = fmt_range(cr.summary.get(key))
-            if base is not None and name in base.cases and key in cr.summary:
-                b = base.cases[name].summary.get(key)
-                if b and b.median > 0:
-                    cell += f" ×{cr.summary[key].median / b.median:.2f}"
+            key = primary_metric(cr)
+            summary = cr.summary.get(key)
+            cell = fmt_range(summary)
+            if summary is not None and summary.outliers:
+                cell += f" [yellow]!{len(summary.outliers)}[/yellow]"
+            if cr.verdict is not None:
+                mark = {"better": "[green]▲[/green]", "worse": "[red]▼[/red]"}.get(cr.verdict.verdict, "≈")
+                cell += f" ×{cr.verdict.ratio:.2f}{mark}"
             row.append(cell)
             row.append(fmt_range(cr.summary.get("ttft_ms"), digits=0))
             rate = cr.summary.get("acceptance_rate")
@@ -97,6 +94,8 @@ def summary_table(results: list[VariantResult], baselines: dict[str, VariantResu
         table.add_row(*row)
     table.caption = (
         "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
-        "×n: ratio of medians to the no-speculation baseline; accept: acceptance rate / mean length"
+        "×n: ratio of medians to the no-speculation baseline, ▲/▼ when its 95 % bootstrap interval "
+        "excludes 1, ≈ when it does not (no clear difference); !n: trials flagged as outliers "
+        "(kept); accept: acceptance rate / mean length"
     )
     return table

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from specexp.measure.stats import summarize, trial_metrics
-from specexp.record.results import RequestRecord
+from specexp.measure.stats import attach_verdicts, compare, outlier_indices, summarize, trial_metrics
+from specexp.record.results import CaseResult, RequestRecord, TrialRecord, VariantResult
 
 
 def rec(i: int, ttft: float, latency: float, tokens: int, error: str | None = None) -> RequestRecord:
@@ -30,3 +30,56 @@ def test_trial_metrics_count_failures_and_use_usage_tokens() -> None:
 
 def test_all_failed_gives_only_the_count() -> None:
     assert trial_metrics([rec(0, 0.1, 1.0, 5, error="x")], 1.0, 1) == {"failed_requests": 1.0}
+
+
+def test_seed_000_single_trial_3_1_is_flagged_not_dropped() -> None:
+    # the seed's five-trial read (6.4–10.2, median 6.7) plus the lone 3.1 that looked like a regression
+    s = summarize([6.7, 6.4, 6.8, 10.2, 6.6, 3.1])
+    assert s is not None and s.n == 6 and s.min == 3.1  # kept
+    assert set(s.outliers) == {3, 5}  # 10.2 and 3.1 sit far from the others
+    assert s.mad == pytest.approx(0.2) and s.cv is not None and s.cv > 0.3
+
+
+def test_outliers_need_three_values_and_handle_zero_mad() -> None:
+    assert outlier_indices([1.0, 100.0]) == []
+    assert outlier_indices([5.0, 5.0, 5.0, 5.0, 5.0, 9.0]) == [5]  # MAD 0: mean abs deviation stands in
+    assert outlier_indices([5.0, 5.0, 5.0]) == []
+
+
+def test_verdicts_clear_effect_tie_and_regression() -> None:
+    base = [34.3, 34.8, 36.2]
+    better = compare("decode_tok_s", base, [92.5, 95.5, 99.6])
+    assert better is not None and better.verdict == "better" and better.ratio == pytest.approx(95.5 / 34.8)
+    assert better.ci_low > 1
+    tie = compare("decode_tok_s", base, [33.9, 35.1, 36.0])
+    assert tie is not None and tie.verdict == "no clear difference" and tie.ci_low <= 1 <= tie.ci_high
+    worse = compare("decode_tok_s", base, [30.1, 30.5, 31.0])
+    assert worse is not None and worse.verdict == "worse"
+    latency = compare("ttft_ms", [100.0, 101.0, 99.0], [80.0, 81.0, 79.0], higher_is_better=False)
+    assert latency is not None and latency.verdict == "better"
+    assert compare("x", [], [1.0]) is None
+
+
+def test_verdicts_attach_to_every_case_from_trial_values() -> None:
+    def case(values: list[float], concurrency: int) -> CaseResult:
+        key = "decode_tok_s" if concurrency == 1 else "output_tok_s"
+        trials = [
+            TrialRecord(case="c", trial=i, duration_s=1.0, requests=[], metrics={key: v})
+            for i, v in enumerate(values)
+        ]
+        return CaseResult(case="c", concurrency=concurrency, trials=trials, summary={})
+
+    def variant(cases: dict[str, CaseResult]) -> VariantResult:
+        return VariantResult(label="v", variant_hash="h", is_baseline=False, overrides=[], cases=cases)
+
+    base = variant({"single": case([10, 11, 12], 1), "c4": case([40, 41, 42], 4)})
+    var = variant({"single": case([20, 21, 22], 1), "c4": case([40, 42, 41], 4)})
+    attach_verdicts(var, base)
+    assert var.cases["single"].verdict is not None and var.cases["single"].verdict.verdict == "better"
+    c4 = var.cases["c4"].verdict
+    assert c4 is not None and c4.metric == "output_tok_s" and c4.verdict == "no clear difference"
+
+
+def test_small_deviation_is_not_an_outlier_even_when_mad_is_tiny() -> None:
+    assert outlier_indices([107.0, 104.1, 104.05]) == []  # 3 % away: noise, not an outlier
+    assert outlier_indices([6.4, 6.7, 10.2]) == [2]
