@@ -14,6 +14,7 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 MAX_HEADER_SIZE = 100_000_000
 
@@ -48,8 +49,9 @@ class HeaderError(Exception):
     """The file is not a readable safetensors file; the message names the file and the reason."""
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
+    """One tensor's header entry (a tuple: 100,000 of them are built per large checkpoint)."""
+
     dtype: str
     shape: tuple[int, ...]
     begin: int
