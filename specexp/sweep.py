@@ -184,7 +184,7 @@ def _describe(progress: Progress, task: TaskID, label: str, msg: str) -> None:
 
 def _report_variant(console: Console, r: VariantResult) -> None:
     for note in r.notes:
-        if note.startswith("server log:"):
+        if note.startswith(("server log:", "degenerate output:")):
             console.print(f"[yellow]warning[/yellow] {r.label}: {note}", highlight=False)
     if r.status == "ok":
         phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in r.startup_phases.items())
@@ -244,6 +244,13 @@ def _run_variant(
                     sink.client.set_tag(run_id, "specexp.substitution", line)
             result.cases = asyncio.run(measure(endpoint, cfg.bench, say))
             attach_verdicts(result, baseline)
+            for name, case in result.cases.items():
+                if case.looping_outputs:
+                    total = sum(len(t.requests) for t in case.trials)
+                    result.notes.append(
+                        f"degenerate output: {case.looping_outputs} of {total} outputs of case {name} loop; "
+                        "its acceptance and speed figures are inflated"
+                    )
             say("stopping server")
         failed = sum(c.failed_requests for c in result.cases.values())
         total = sum(len(t.requests) for c in result.cases.values() for t in c.trials)

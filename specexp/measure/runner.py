@@ -19,6 +19,7 @@ from specexp.config.schema import BenchConfig, CaseConfig
 from specexp.launch.base import Endpoint
 from specexp.measure import prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
+from specexp.measure.degenerate import is_looping
 from specexp.measure.stats import summarize, trial_metrics
 from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, TrialRecord
 
@@ -55,6 +56,8 @@ async def _run_case(
             return await stream_chat(client, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
 
     records = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+    for rec in records:
+        rec.looping = is_looping(rec.text)
     duration = time.perf_counter() - t0
     after = await prometheus.scrape(client, endpoint.metrics_url)
     acc = prometheus.delta(before, after)
@@ -131,5 +134,6 @@ async def measure(
             trials=recs,
             summary=summary,
             failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
+            looping_outputs=sum(1 for r in recs for q in r.requests if q.ok and q.looping),
         )
     return results

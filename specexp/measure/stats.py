@@ -101,6 +101,12 @@ def compare(
     return Verdict(metric=metric, ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict)
 
 
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all streams get the same, 1/n when one gets all."""
+    total, squares = sum(values), sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares > 0 else 1.0
+
+
 def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurrency: int) -> dict[str, float]:
     """Figures of one measured window; failed requests are counted, not averaged in."""
     ok = [r for r in records if r.ok]
@@ -110,11 +116,19 @@ def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurren
     tokens = sum(r.output_tokens for r in ok)
     out["output_tokens"] = float(tokens)
     out["output_tok_s"] = tokens / duration_s
+    out["looping_outputs"] = float(sum(1 for r in ok if r.looping))
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     if ttfts:
         out["ttft_ms"] = statistics.median(ttfts) * 1000
         if concurrency > 1 and len(ttfts) > 1:
+            # fairness: TTFT is timed from each request's own start (after any client-side
+            # queueing for a concurrency slot), so the spread is the server's, not the client's
             out["ttft_spread_ms"] = (max(ttfts) - min(ttfts)) * 1000
+            out["ttft_max_ms"] = max(ttfts) * 1000
+    if concurrency > 1:
+        per_stream = [r.output_tokens / r.latency_s for r in ok if r.latency_s and r.output_tokens > 0]
+        if len(per_stream) > 1:
+            out["jain_index"] = jain_index(per_stream)
     decode = [
         (r.output_tokens - 1) / (r.latency_s - r.ttft_s)
         for r in ok

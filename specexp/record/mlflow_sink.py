@@ -55,6 +55,7 @@ def variant_metrics(result: VariantResult, baseline: VariantResult | None) -> di
                 if base and metric in base.summary and base.summary[metric].median > 0:
                     out[f"{case}.{metric}.vs_baseline"] = s.median / base.summary[metric].median
         out[f"{case}.failed_requests"] = float(cr.failed_requests)
+        out[f"{case}.looping_outputs"] = float(cr.looping_outputs)
         if cr.verdict is not None:
             v = cr.verdict
             out[f"{case}.{v.metric}.vs_baseline_ci_low"] = v.ci_low
@@ -129,6 +130,8 @@ class MlflowSink:
                     self.client.log_batch(run_id, metrics=batch[i : i + 900])
             if result.error:
                 self.client.set_tag(run_id, "specexp.error", result.error[:5000])
+            if any(cr.looping_outputs for cr in result.cases.values()):
+                self.client.set_tag(run_id, "specexp.degenerate_output", "true")
             for case, cr in result.cases.items():
                 if cr.verdict is not None:
                     self.client.set_tag(run_id, f"specexp.verdict.{case}", cr.verdict.verdict)

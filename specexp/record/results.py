@@ -30,6 +30,7 @@ class RequestRecord(_Model):
     finish_reason: str | None = None
     text: str = ""
     error: str | None = None
+    looping: bool = False  # the text repeats itself (see measure.degenerate)
 
     @property
     def ok(self) -> bool:
@@ -82,6 +83,7 @@ class CaseResult(_Model):
     trials: list[TrialRecord]
     summary: dict[str, Summary]  # metric name -> median [min, max] over trials
     failed_requests: int = 0
+    looping_outputs: int = 0  # outputs that loop: acceptance and speed of this case are inflated
     verdict: Verdict | None = None  # the case's main figure against the baseline
 
 

@@ -90,12 +90,15 @@ def summary_table(results: list[VariantResult]) -> Table:
             row.append(fmt_range(cr.summary.get("ttft_ms"), digits=0))
             rate = cr.summary.get("acceptance_rate")
             length = cr.summary.get("acceptance_length")
-            row.append(f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–")
+            acc = f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–"
+            if cr.looping_outputs:
+                acc += " [red]⟳ inflated[/red]"
+            row.append(acc)
         table.add_row(*row)
     table.caption = (
         "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
         "×n: ratio of medians to the no-speculation baseline, ▲/▼ when its 95 % bootstrap interval "
         "excludes 1, ≈ when it does not (no clear difference); !n: trials flagged as outliers "
-        "(kept); accept: acceptance rate / mean length"
+        "(kept); accept: acceptance rate / mean length; ⟳: outputs loop, so these figures are inflated"
     )
     return table

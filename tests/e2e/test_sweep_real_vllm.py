@@ -19,8 +19,17 @@ pytestmark = pytest.mark.e2e
 
 def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     require_vllm()
+    # every prompt of the default workload goes through (12 in the concurrent case)
     out = run_cli(
-        ["sweep", "spec.depth=3", "bench=smoke", "tracking.experiment=e2e", "--name", "e2e"],
+        [
+            "sweep",
+            "spec.depth=3",
+            "bench=smoke",
+            "bench.cases.concurrent4.num_prompts=12",
+            "tracking.experiment=e2e",
+            "--name",
+            "e2e",
+        ],
         workdir,
         timeout=900,
     )
@@ -34,6 +43,7 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
         assert 5 < v["ready_s"] < 300 and v["startup_phases"]["weight_load_s"] > 0
         for case in v["cases"].values():
             assert case["failed_requests"] == 0
+            assert case["looping_outputs"] == 0, "the default workload must not make the model loop"
             assert len(case["trials"]) == 2
             assert case["summary"]["output_tok_s"]["median"] > 0
     assert "acceptance_rate" not in base["cases"]["single"]["summary"]

@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from specexp.measure.stats import attach_verdicts, compare, outlier_indices, summarize, trial_metrics
+from specexp.measure.stats import (
+    attach_verdicts,
+    compare,
+    jain_index,
+    outlier_indices,
+    summarize,
+    trial_metrics,
+)
 from specexp.record.results import CaseResult, RequestRecord, TrialRecord, VariantResult
 
 
@@ -83,3 +90,13 @@ def test_verdicts_attach_to_every_case_from_trial_values() -> None:
 def test_small_deviation_is_not_an_outlier_even_when_mad_is_tiny() -> None:
     assert outlier_indices([107.0, 104.1, 104.05]) == []  # 3 % away: noise, not an outlier
     assert outlier_indices([6.4, 6.7, 10.2]) == [2]
+
+
+def test_jain_index_and_fairness_figures() -> None:
+    assert jain_index([10.0, 10.0, 10.0, 10.0]) == pytest.approx(1.0)
+    assert jain_index([40.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    records = [rec(0, 0.1, 2.1, 41), rec(1, 0.9, 2.9, 41)]
+    m = trial_metrics(records, duration_s=3.0, concurrency=2)
+    assert m["ttft_max_ms"] == pytest.approx(900) and m["ttft_spread_ms"] == pytest.approx(800)
+    assert 0.9 < m["jain_index"] < 1.0
+    assert m["looping_outputs"] == 0
