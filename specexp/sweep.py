@@ -33,6 +33,7 @@ from specexp.launch.validate import ValidationResult, validate_plans
 from specexp.measure.runner import measure
 from specexp.measure.stats import attach_verdicts
 from specexp.paths import workdir
+from specexp.record import vllm_bench
 from specexp.record.files import atomic_write_json, atomic_write_text, variant_dir
 from specexp.record.mlflow_sink import MlflowSink
 from specexp.record.results import SweepResult, VariantResult
@@ -158,6 +159,8 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
                 )
                 by_hash[variant.hash] = result
                 sweep.variants.append(result)
+                if result.cases:
+                    vllm_bench.write_variant(sweep_dir / "vllm-bench", variant, plan.served_model, result)
                 atomic_write_json(sweep_dir / "sweep.json", sweep)
                 progress.advance(overall)
                 _report_variant(console, result)

@@ -50,6 +50,14 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     acc = k3["cases"]["concurrent4"]["summary"]
     assert 0 < acc["acceptance_rate"]["median"] <= 1 and acc["acceptance_length"]["median"] > 1
     assert '"method":"ngram"' in " ".join(k3["launch"]["nodes"][0]["argv"])
+    # vllm-bench-compatible records, one folder per serve x bench combination
+    bench = json.loads(
+        (
+            workdir / "results" / "e2e" / "vllm-bench" / "SERVE-ngram-k3-BENCH-concurrent4" / "summary.json"
+        ).read_text()
+    )
+    assert len(bench) == 2 and bench[0]["completed"] == 12 and bench[0]["max_concurrency"] == 4
+    assert 0 < bench[0]["spec_decode_acceptance_rate"] <= 100 and bench[0]["output_throughput"] > 0
     # the server log of each variant is kept
     logs = sorted((workdir / "results" / "e2e").glob("*/server.log"))
     assert len(logs) == 2 and "Application startup complete" in logs[0].read_text()
