@@ -10,26 +10,22 @@ from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, 
 from specexp.record.vllm_bench import run_record, write_variant
 
 
+def ok_request(index: int, ttft: float, latency: float, prompt: int, tokens: int) -> RequestRecord:
+    return RequestRecord(
+        index=index,
+        start_s=0.0,
+        ttft_s=ttft,
+        itl_s=[0.05] * 10,
+        latency_s=latency,
+        prompt_tokens=prompt,
+        output_tokens=tokens,
+    )
+
+
 def trial(n: int) -> TrialRecord:
     reqs = [
-        RequestRecord(
-            index=0,
-            start_s=0.0,
-            ttft_s=0.1,
-            itl_s=[0.05] * 10,
-            latency_s=0.6,
-            prompt_tokens=30,
-            output_tokens=21,
-        ),
-        RequestRecord(
-            index=1,
-            start_s=0.0,
-            ttft_s=0.2,
-            itl_s=[0.05] * 10,
-            latency_s=0.7,
-            prompt_tokens=40,
-            output_tokens=11,
-        ),
+        ok_request(0, 0.1, 0.6, 30, 21),
+        ok_request(1, 0.2, 0.7, 40, 11),
         RequestRecord(index=2, start_s=0.0, error="HTTP 500: boom"),
     ]
     acc = AcceptanceRecord(
