@@ -114,6 +114,11 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
     sweep_name = name or first.sweep.name or f"sweep-{started:%Y%m%d-%H%M%S}"
     base = Path(first.sweep.results_dir)
     sweep_dir = (base if base.is_absolute() else workdir() / base) / sweep_name
+    n = 2
+    while sweep_dir.exists() and any(sweep_dir.iterdir()):  # never overwrite an earlier sweep
+        sweep_dir = sweep_dir.with_name(f"{sweep_name}-{n}")
+        n += 1
+    sweep_name = sweep_dir.name
     sweep_dir.mkdir(parents=True, exist_ok=True)
     sweep = SweepResult(name=sweep_name, started_at=started.isoformat())
     sink = MlflowSink(first.tracking) if first.tracking.enabled else None
