@@ -57,7 +57,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
     variants = plan_sweep(args.overrides, with_baseline=False if args.no_baseline else None)
     if args.dry_run:
         checks = dry_run(variants, console, validate=not args.no_validate)
-        check_or_raise(checks, Console(stderr=True)) if checks else None
+        check_or_raise(checks)  # warnings are already printed beside each plan
         return 0
     outcome = run_sweep(variants, console, name=args.name)
     if outcome.mlflow_uri:

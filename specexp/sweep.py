@@ -64,9 +64,10 @@ def dry_run(variants: list[Variant], console: Console, validate: bool = True) ->
     return [c for c in checks if c is not None]
 
 
-def check_or_raise(checks: list[ValidationResult], console: Console) -> None:
+def check_or_raise(checks: list[ValidationResult], console: Console | None = None) -> None:
+    """Raise on the first local validation error; print warnings and skips when given a console."""
     for check in checks:
-        if check.skipped or (not check.ok and check.remote):
+        if console is not None and (check.skipped or (not check.ok and check.remote)):
             console.print(f"[yellow]{check.label}: {describe_check(check)}[/yellow]", highlight=False)
     bad = [c for c in checks if not c.ok and not c.remote and not c.skipped]
     if bad:
