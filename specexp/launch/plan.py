@@ -121,21 +121,23 @@ def vllm_python() -> Path | None:
     return py if py.exists() else None
 
 
-def resolve_vllm_command(config: Config, device: str) -> tuple[list[str], bool]:
-    """The command that stands for ``vllm``, and whether it exists on this machine.
+def resolve_vllm_command(config: Config, device: str) -> list[str]:
+    """The command that stands for ``vllm``.
 
-    Order: ``launcher.vllm_command``; the specexp-managed CPU venv (through the
-    metadata shim); a ``vllm`` on PATH; otherwise plain ``vllm`` (for plans that
-    run elsewhere).
+    Order: ``launcher.vllm_command``; on CPU, the specexp-managed CPU build (through the
+    metadata shim); a ``vllm`` on PATH; the managed CPU build; otherwise plain ``vllm``
+    (for plans that run on other machines).
     """
     if config.launcher.vllm_command:
-        cmd = list(config.launcher.vllm_command)
-        return cmd, bool(shutil.which(cmd[0]) or Path(cmd[0]).exists())
-    py = vllm_python()
-    if py is not None and config.launcher.kind == "local":
-        return [str(py), str(ENTRY_SCRIPT)], True
+        return list(config.launcher.vllm_command)
+    py = vllm_python() if config.launcher.kind == "local" else None
+    managed = [str(py), str(ENTRY_SCRIPT)] if py is not None else None
+    if managed and device == "cpu":
+        return managed
     found = shutil.which("vllm")
-    return ([found] if found else ["vllm"]), bool(found)
+    if found:
+        return [found]
+    return managed or ["vllm"]
 
 
 def resolve_model_path(path: str) -> str:
@@ -237,7 +239,7 @@ def build_plan(variant: Variant, *, port: int | None = None, resolve_model: bool
     if port is None:
         port = config.server.port or free_port(config.server.host)
     head_args = serve_args(config, model_path, device, port)
-    vllm_cmd, _ = resolve_vllm_command(config, device)
+    vllm_cmd = resolve_vllm_command(config, device)
 
     env: dict[str, str] = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if config.launcher.dev_mode:
