@@ -16,8 +16,10 @@ import ctypes
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -96,17 +98,22 @@ class LocalLauncher:
         self._marks: dict[str, float] = {}
         self._tail: collections.deque[str] = collections.deque(maxlen=60)
         self._reader: threading.Thread | None = None
+        self._rpc_dir: Path | None = None
         self.substitutions: list[str] = []  # log lines where the server overrode the request
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         node = self.plan.head
+        # vLLM leaves its ZMQ IPC sockets in $VLLM_RPC_BASE_PATH (default /tmp); give each
+        # launch its own folder and remove it on stop, so no run litters the machine.
+        self._rpc_dir = Path(tempfile.mkdtemp(prefix="specexp-rpc-"))
+        env = launch_env({"VLLM_RPC_BASE_PATH": str(self._rpc_dir), **node.env})
         self._t0 = time.perf_counter()
         try:
             self._proc = subprocess.Popen(
                 list(node.argv),
-                env=launch_env(node.env),
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -114,6 +121,7 @@ class LocalLauncher:
                 preexec_fn=_die_with_parent,
             )
         except OSError as exc:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
             raise LaunchError(f"cannot start {node.argv[0]}: {exc.strerror or exc}") from None
         self._pgid = self._proc.pid  # start_new_session: the child leads its own group
         assert self._proc.stdout is not None
@@ -209,6 +217,8 @@ class LocalLauncher:
             while self._group_alive() and time.monotonic() < kill_deadline:
                 time.sleep(0.1)
         self._join_reader()
+        if self._rpc_dir is not None:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
 
     def _join_reader(self) -> None:
         if self._reader is not None:

@@ -39,6 +39,7 @@ if worker == 0:  # the "engine core": lives in the same group, ignores SIGTERM w
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 log(f"WORKER_PID={worker}")
+log(f"RPC_DIR={os.environ.get('VLLM_RPC_BASE_PATH')}")
 log("INFO Initializing a V1 LLM engine (v0.0.0) with config: fake")
 time.sleep(0.2)
 log("INFO Starting to load model /fake...")
