@@ -80,6 +80,8 @@ def compose_config(overrides: Sequence[str]) -> tuple[Config, dict[str, Any]]:
         obj = cast(Config, OmegaConf.to_object(cfg))
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_one_line(exc)) from None
+    if not obj.bench.cases:
+        raise ConfigError("bench.cases is empty: nothing to measure")
     return obj, resolved
 
 

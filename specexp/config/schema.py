@@ -138,10 +138,15 @@ class CaseConfig:
     concurrency: int = 1
     num_prompts: int = 2
     max_tokens: int = 128
+    # Exact prompt length in tokens (chat template included), built with the model's
+    # tokenizer from realistic text; null = the workload's own prompts.
+    prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.num_prompts < 1 or self.max_tokens < 1:
             raise ValueError("bench.cases: concurrency, num_prompts and max_tokens must be >= 1")
+        if self.prompt_tokens is not None and self.prompt_tokens < 1:
+            raise ValueError("bench.cases: prompt_tokens must be >= 1")
 
 
 @dataclass
@@ -153,20 +158,15 @@ class BenchConfig:
     workload: str = "copy_edit"
     request_timeout_s: float = 300.0
     reset_prefix_cache: bool = True  # between trials, so trial 1 is not the only cold one
-    cases: dict[str, CaseConfig] = field(
-        default_factory=lambda: {
-            "single": CaseConfig(concurrency=1, num_prompts=4, max_tokens=192),
-            "concurrent4": CaseConfig(concurrency=4, num_prompts=12, max_tokens=192),
-        }
-    )
+    # Filled by conf/bench/*.yaml (default: single + concurrent4). Empty here so a bench
+    # file replaces the set of cases instead of merging into a built-in one.
+    cases: dict[str, CaseConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"bench.trials={self.trials} must be >= 1")
         if self.temperature < 0:
             raise ValueError("bench.temperature must be >= 0")
-        if not self.cases:
-            raise ValueError("bench.cases is empty: nothing to measure")
 
 
 @dataclass

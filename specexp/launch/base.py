@@ -17,6 +17,7 @@ from typing import Protocol, Self
 class Endpoint:
     base_url: str
     model: str  # the name requests must use
+    tokenizer: str | None = None  # a local path to the model's tokenizer, when there is one
 
     @property
     def metrics_url(self) -> str:

@@ -174,7 +174,8 @@ class LocalLauncher:
                 time.sleep(self.poll_interval_s)
         ready = round(time.perf_counter() - self._t0, 3)
         self.startup = StartupTiming(ready_s=ready, phases=startup_phases(self._marks, ready))
-        return Endpoint(base_url=self.plan.base_url, model=self.plan.served_model)
+        tokenizer = self.plan.model_path if Path(self.plan.model_path).is_dir() else None
+        return Endpoint(base_url=self.plan.base_url, model=self.plan.served_model, tokenizer=tokenizer)
 
     def last_error(self) -> str:
         for line in reversed(self._tail):

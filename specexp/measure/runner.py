@@ -16,10 +16,12 @@ from collections.abc import Callable
 import httpx
 
 from specexp.config.schema import BenchConfig, CaseConfig
+from specexp.errors import ConfigError
 from specexp.launch.base import Endpoint
 from specexp.measure import prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
+from specexp.measure.long_prompt import exact_prompt
 from specexp.measure.stats import summarize, trial_metrics
 from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, TrialRecord
 
@@ -36,7 +38,14 @@ async def _run_case(
     trial: int,
 ) -> TrialRecord:
     url = f"{endpoint.base_url}/v1/chat/completions"
-    prompts = workload.prompts_for(bench.workload, case_index, case.num_prompts, bench.seed)
+    if case.prompt_tokens is not None:
+        if endpoint.tokenizer is None:
+            raise ConfigError(
+                f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"
+            )
+        prompts = [exact_prompt(endpoint.tokenizer, case.prompt_tokens, i) for i in range(case.num_prompts)]
+    else:
+        prompts = workload.prompts_for(bench.workload, case_index, case.num_prompts, bench.seed)
     if bench.reset_prefix_cache:
         with contextlib.suppress(httpx.HTTPError):
             await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
@@ -62,6 +71,11 @@ async def _run_case(
     after = await prometheus.scrape(client, endpoint.metrics_url)
     acc = prometheus.delta(before, after)
     metrics = trial_metrics(records, duration, case.concurrency)
+    if case.prompt_tokens is not None:
+        # the server's own count must match the exact length asked for
+        metrics["prompt_tokens_mismatch"] = float(
+            sum(1 for r in records if r.ok and r.prompt_tokens != case.prompt_tokens)
+        )
     acc_rec = None
     if acc is not None:
         acc_rec = AcceptanceRecord(

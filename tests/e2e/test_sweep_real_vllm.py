@@ -47,6 +47,11 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
             assert len(case["trials"]) == 2
             assert case["summary"]["output_tok_s"]["median"] > 0
     assert "acceptance_rate" not in base["cases"]["single"]["summary"]
+    # the exact-length prompt is exactly that long as the server counts it
+    for v in (base, k3):
+        long_input = v["cases"]["long_input"]
+        assert {q["prompt_tokens"] for t in long_input["trials"] for q in t["requests"]} == {1024}
+        assert long_input["summary"]["prompt_tokens_mismatch"]["max"] == 0
     acc = k3["cases"]["concurrent4"]["summary"]
     assert 0 < acc["acceptance_rate"]["median"] <= 1 and acc["acceptance_length"]["median"] > 1
     assert '"method":"ngram"' in " ".join(k3["launch"]["nodes"][0]["argv"])
