@@ -10,7 +10,7 @@ from rich.table import Table
 from specexp.launch.plan import LaunchPlan, redact_argv, redact_env
 from specexp.launch.validate import ValidationResult
 from specexp.measure.stats import primary_metric
-from specexp.record.results import Summary, VariantResult
+from specexp.record.results import CaseResult, Summary, VariantResult
 
 
 def fmt_range(s: Summary | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -54,51 +54,53 @@ def describe_check(check: ValidationResult) -> str:
     return f"validation {kind}: {check.error}"
 
 
+def _case_cells(cr: CaseResult) -> list[str]:
+    """tok/s with outlier and verdict marks, TTFT, fairness (concurrent cases), acceptance."""
+    key = primary_metric(cr)
+    summary = cr.summary.get(key)
+    speed = fmt_range(summary)
+    if summary is not None and summary.outliers:
+        speed += f" [yellow]!{len(summary.outliers)}[/yellow]"
+    if cr.verdict is not None:
+        mark = {"better": "[green]▲[/green]", "worse": "[red]▼[/red]"}.get(cr.verdict.verdict, "≈")
+        speed += f" ×{cr.verdict.ratio:.2f}{mark}"
+    spread, jain = cr.summary.get("ttft_spread_ms"), cr.summary.get("jain_index")
+    fairness = f"{spread.median:.0f} / {jain.median:.2f}" if spread and jain else "–"
+    rate, length = cr.summary.get("acceptance_rate"), cr.summary.get("acceptance_length")
+    acc = f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–"
+    if cr.looping_outputs:
+        acc += " [red]⟳ loops[/red]"
+    return [speed, fmt_range(cr.summary.get("ttft_ms"), digits=0), fairness, acc]
+
+
 def summary_table(results: list[VariantResult]) -> Table:
-    """Variant × case: the case's main figure as median [min–max], ×baseline, TTFT, acceptance."""
-    case_names: list[str] = []
-    for r in results:
-        for name in r.cases:
-            if name not in case_names:
-                case_names.append(name)
+    """One row per variant and case, so any number of cases stays readable."""
     table = Table(title="specexp sweep · median \\[min–max] over trials", title_justify="left")
-    table.add_column("variant", no_wrap=True)
-    table.add_column("ready s", justify="right")
-    for name in case_names:
-        table.add_column(f"{name}\ntok/s", justify="right", no_wrap=True)
-        table.add_column(f"{name}\nTTFT ms", justify="right", no_wrap=True)
-        table.add_column(f"{name}\naccept", justify="right", no_wrap=True)
+    for name, justify in (
+        ("variant", "left"),
+        ("ready s", "right"),
+        ("case", "left"),
+        ("tok/s", "right"),
+        ("TTFT ms", "right"),
+        ("spread ms / Jain", "right"),
+        ("accept", "right"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
+        ready = f"{r.ready_s:.1f}" if r.ready_s else "–"
         if r.status != "ok":
-            table.add_row(r.label, f"[red]{r.status}[/red]", *([""] * (3 * len(case_names))))
+            table.add_row(r.label, ready, f"[red]{r.status}[/red]", (r.error or "")[:60], "", "", "")
             continue
-        row = [r.label, f"{r.ready_s:.1f}" if r.ready_s else "–"]
-        for name in case_names:
-            cr = r.cases.get(name)
-            if cr is None:
-                row += ["–", "–", "–"]
-                continue
-            key = primary_metric(cr)
-            summary = cr.summary.get(key)
-            cell = fmt_range(summary)
-            if summary is not None and summary.outliers:
-                cell += f" [yellow]!{len(summary.outliers)}[/yellow]"
-            if cr.verdict is not None:
-                mark = {"better": "[green]▲[/green]", "worse": "[red]▼[/red]"}.get(cr.verdict.verdict, "≈")
-                cell += f" ×{cr.verdict.ratio:.2f}{mark}"
-            row.append(cell)
-            row.append(fmt_range(cr.summary.get("ttft_ms"), digits=0))
-            rate = cr.summary.get("acceptance_rate")
-            length = cr.summary.get("acceptance_length")
-            acc = f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–"
-            if cr.looping_outputs:
-                acc += " [red]⟳ inflated[/red]"
-            row.append(acc)
-        table.add_row(*row)
+        for i, (name, cr) in enumerate(r.cases.items()):
+            last = i == len(r.cases) - 1
+            table.add_row(
+                r.label if i == 0 else "", ready if i == 0 else "", name, *_case_cells(cr), end_section=last
+            )
     table.caption = (
         "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
         "×n: ratio of medians to the no-speculation baseline, ▲/▼ when its 95 % bootstrap interval "
-        "excludes 1, ≈ when it does not (no clear difference); !n: trials flagged as outliers "
-        "(kept); accept: acceptance rate / mean length; ⟳: outputs loop, so these figures are inflated"
+        "excludes 1, ≈ when it does not (no clear difference); !n: trials flagged as outliers (kept); "
+        "spread / Jain: TTFT max − min across streams and Jain's index of per-stream throughput; "
+        "accept: acceptance rate / mean length; ⟳: outputs loop, so speed and acceptance are inflated"
     )
     return table

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from rich.console import Console
+
+from specexp.record.results import CaseResult, Summary, VariantResult, Verdict
+from specexp.report.table import summary_table
+
+
+def s(med: float, lo: float, hi: float, outliers: list[int] | None = None) -> Summary:
+    return Summary(median=med, min=lo, max=hi, n=3, outliers=outliers or [])
+
+
+def render(results: list[VariantResult]) -> str:
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(summary_table(results))
+    return console.export_text()
+
+
+def test_rows_per_variant_and_case_with_marks() -> None:
+    single = CaseResult(
+        case="single",
+        concurrency=1,
+        trials=[],
+        summary={
+            "decode_tok_s": s(107.2, 99.3, 110.6, [1]),
+            "ttft_ms": s(101, 95, 118),
+            "acceptance_rate": s(0.77, 0.7, 0.8),
+            "acceptance_length": s(3.31, 3.0, 3.4),
+        },
+        verdict=Verdict(metric="decode_tok_s", ratio=2.84, ci_low=2.59, ci_high=2.95, verdict="better"),
+    )
+    conc = CaseResult(
+        case="concurrent4",
+        concurrency=4,
+        trials=[],
+        looping_outputs=2,
+        summary={
+            "output_tok_s": s(137.9, 127.0, 147.9),
+            "ttft_spread_ms": s(563, 500, 600),
+            "jain_index": s(0.85, 0.8, 0.9),
+        },
+        verdict=Verdict(
+            metric="output_tok_s", ratio=1.01, ci_low=0.9, ci_high=1.1, verdict="no clear difference"
+        ),
+    )
+    ok = VariantResult(
+        label="ngram-k3",
+        variant_hash="h",
+        is_baseline=False,
+        overrides=[],
+        ready_s=24.1,
+        cases={"single": single, "concurrent4": conc},
+    )
+    bad = VariantResult(
+        label="ngram-k5",
+        variant_hash="g",
+        is_baseline=False,
+        overrides=[],
+        status="failed",
+        error="vllm serve exited with code 1",
+    )
+    text = render([ok, bad])
+    assert "107.2 [99.3–110.6] !1 ×2.84▲" in text
+    assert "137.9 [127.0–147.9] ×1.01≈" in text
+    assert "563 / 0.85" in text and "77% / 3.31" in text and "⟳ loops" in text
+    assert "failed" in text and "vllm serve exited with code 1" in text
