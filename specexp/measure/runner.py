@@ -28,24 +28,29 @@ from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, 
 Progress = Callable[[str], None]
 
 
+def _case_prompts(
+    endpoint: Endpoint, bench: BenchConfig, case_name: str, case: CaseConfig, case_index: int
+) -> list[workload.Messages]:
+    """A case's prompts: the same in every trial, so they are built once per case."""
+    if case.prompt_tokens is None:
+        return workload.prompts_for(bench.workload, case_index, case.num_prompts, bench.seed)
+    if endpoint.tokenizer is None:
+        raise ConfigError(
+            f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"
+        )
+    return [exact_prompt(endpoint.tokenizer, case.prompt_tokens, i) for i in range(case.num_prompts)]
+
+
 async def _run_case(
     client: httpx.AsyncClient,
     endpoint: Endpoint,
     bench: BenchConfig,
     case_name: str,
     case: CaseConfig,
-    case_index: int,
+    prompts: list[workload.Messages],
     trial: int,
 ) -> TrialRecord:
     url = f"{endpoint.base_url}/v1/chat/completions"
-    if case.prompt_tokens is not None:
-        if endpoint.tokenizer is None:
-            raise ConfigError(
-                f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"
-            )
-        prompts = [exact_prompt(endpoint.tokenizer, case.prompt_tokens, i) for i in range(case.num_prompts)]
-    else:
-        prompts = workload.prompts_for(bench.workload, case_index, case.num_prompts, bench.seed)
     if bench.reset_prefix_cache:
         with contextlib.suppress(httpx.HTTPError):
             await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
@@ -106,6 +111,10 @@ async def measure(
     endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None
 ) -> dict[str, CaseResult]:
     say = progress or (lambda _msg: None)
+    prompts = {
+        name: _case_prompts(endpoint, bench, name, case, ci)
+        for ci, (name, case) in enumerate(bench.cases.items())
+    }
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits, timeout=bench.request_timeout_s) as client:
         url = f"{endpoint.base_url}/v1/chat/completions"
@@ -130,9 +139,9 @@ async def measure(
                 raise RuntimeError(f"warm-up request failed: {rec.error}")
         trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
         for t in range(bench.trials):
-            for ci, (name, case) in enumerate(bench.cases.items()):
+            for name, case in bench.cases.items():
                 say(f"trial {t + 1}/{bench.trials} · {name}")
-                trials[name].append(await _run_case(client, endpoint, bench, name, case, ci, t))
+                trials[name].append(await _run_case(client, endpoint, bench, name, case, prompts[name], t))
     results: dict[str, CaseResult] = {}
     for name, case in bench.cases.items():
         recs = trials[name]

@@ -35,6 +35,10 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, text + "\n")
 
 
+def safe_name(label: str) -> str:
+    """A variant label as a file name: anything but letters, digits and ``-_.=`` becomes ``_``."""
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
+
+
 def variant_dir(sweep_dir: Path, index: int, label: str, variant_hash: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)[:60]
-    return sweep_dir / f"{index:02d}-{safe}-{variant_hash}"
+    return sweep_dir / f"{index:02d}-{safe_name(label)[:60]}-{variant_hash}"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specexp.config.variant import Variant
-from specexp.record.files import atomic_write_json
+from specexp.record.files import atomic_write_json, safe_name
 from specexp.record.results import CaseResult, TrialRecord, VariantResult
 
 
@@ -106,7 +106,7 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
 def write_variant(root: Path, variant: Variant, model_id: str, result: VariantResult) -> list[Path]:
     """Write every trial of every case; returns the combination folders written."""
     folders = []
-    safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in variant.label)
+    safe = safe_name(variant.label)
     for name, case in result.cases.items():
         folder = root / f"SERVE-{safe}-BENCH-{name}"
         records = [run_record(variant, model_id, case, t) for t in case.trials]
