@@ -26,17 +26,18 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 from specexp.assets import embedded
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, ValidationFailed
+from specexp.launch.base import Endpoint
 from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
-from specexp.measure.runner import measure
-from specexp.measure.stats import attach_verdicts
+from specexp.measure.runner import VariantBench, measure, undecided
+from specexp.measure.stats import attach_verdicts, look_confidence
 from specexp.paths import workdir
 from specexp.record import vllm_bench
-from specexp.record.files import atomic_write_json, atomic_write_text, variant_dir
+from specexp.record.files import atomic_write_json, atomic_write_text, variant_dir, write_request_records
 from specexp.record.mlflow_sink import MlflowSink
-from specexp.record.results import SweepResult, VariantResult
+from specexp.record.results import CaseResult, SweepResult, VariantResult
 from specexp.report.table import describe_check, print_plan, summary_table
 
 
@@ -150,26 +151,36 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
             ) as progress,
         ):
             overall = progress.add_task("sweep", total=len(variants))
-            for i, (variant, plan) in enumerate(zip(variants, plans, strict=True)):
-                label = f"[{i + 1}/{len(variants)}] {variant.label}"
-                progress.update(overall, description=f"{label}: starting")
-                vdir = variant_dir(sweep_dir, i, variant.label, variant.hash)
-                baseline = by_hash.get(variant.baseline_hash or "")
-                result = _run_variant(
+            runs = [
+                VariantRun(
                     variant,
                     plan,
-                    vdir,
+                    variant_dir(sweep_dir, i, variant.label, variant.hash),
                     sink,
-                    baseline,
-                    functools.partial(_describe, progress, overall, label),
+                    functools.partial(
+                        _describe, progress, overall, f"[{i + 1}/{len(variants)}] {variant.label}"
+                    ),
                 )
-                by_hash[variant.hash] = result
-                sweep.variants.append(result)
-                if result.cases:
-                    vllm_bench.write_variant(sweep_dir / "vllm-bench", variant, plan.served_model, result)
+                for i, (variant, plan) in enumerate(zip(variants, plans, strict=True))
+            ]
+
+            def done(run: VariantRun) -> None:
+                by_hash[run.variant.hash] = run.result
+                sweep.variants.append(run.result)
+                if run.result.cases:
+                    vllm_bench.write_variant(
+                        sweep_dir / "vllm-bench", run.variant, run.plan.served_model, run.result
+                    )
                 atomic_write_json(sweep_dir / "sweep.json", sweep)
                 progress.advance(overall)
-                _report_variant(console, result)
+                _report_variant(console, run.result)
+
+            if first.bench.order == "interleaved":
+                _run_interleaved(runs, done)
+            else:
+                for run in runs:
+                    run.execute(by_hash.get(run.variant.baseline_hash or ""))
+                    done(run)
     except KeyboardInterrupt:
         status = "KILLED"
         console.print("[red]interrupted: servers stopped, partial results kept and marked[/red]")
@@ -205,93 +216,188 @@ def _report_variant(console: Console, r: VariantResult) -> None:
         console.print(f"[red]✗ {r.label}: {r.status}: {r.error}[/red]", highlight=False)
 
 
-def _run_variant(
-    variant: Variant,
-    plan: LaunchPlan,
-    vdir: Path,
-    sink: MlflowSink | None,
-    baseline: VariantResult | None,
-    say: Callable[[str], None],
-) -> VariantResult:
-    cfg = variant.config
-    result = VariantResult(
-        label=variant.label,
-        variant_hash=variant.hash,
-        is_baseline=variant.is_baseline,
-        overrides=list(variant.overrides),
-        notes=list(variant.notes),
-        launch=plan.redacted(),
-    )
-    vdir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(vdir / "config.yaml", yaml.safe_dump(variant.resolved, sort_keys=False))
-    atomic_write_json(vdir / "launch.json", plan.redacted())
-    run_id = sink.start_variant(variant) if sink else None
-    t0 = time.perf_counter()
-    interrupted = False
-    try:
-        pre = check_checkpoint(variant, plan.model_path)
+class VariantRun:
+    """One variant's life: files and MLflow run, preflight, server, measurement, record.
+
+    ``execute`` does it all for a sequential sweep; an interleaved sweep calls the steps
+    itself (``begin`` and ``launch`` for every variant, measuring round-robin, then
+    ``finish``). Whatever happens, ``finish`` records the status the run earned.
+    """
+
+    def __init__(
+        self,
+        variant: Variant,
+        plan: LaunchPlan,
+        vdir: Path,
+        sink: MlflowSink | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.variant, self.plan, self.vdir, self.sink, self.say = variant, plan, vdir, sink, say
+        self.result = VariantResult(
+            label=variant.label,
+            variant_hash=variant.hash,
+            is_baseline=variant.is_baseline,
+            overrides=list(variant.overrides),
+            notes=list(variant.notes),
+            launch=plan.redacted(),
+        )
+        self.run_id: str | None = None
+        self.baseline: VariantResult | None = None
+        self.launcher: LocalLauncher | None = None
+        self._t0 = 0.0
+
+    def begin(self) -> None:
+        self.vdir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.vdir / "config.yaml", yaml.safe_dump(self.variant.resolved, sort_keys=False))
+        atomic_write_json(self.vdir / "launch.json", self.plan.redacted())
+        self.run_id = self.sink.start_variant(self.variant) if self.sink else None
+        self._t0 = time.perf_counter()
+
+    def launch(self, stack: contextlib.ExitStack) -> Endpoint:
+        """Preflight, start the server (stopped when ``stack`` closes) and wait until it is ready."""
+        cfg = self.variant.config
+        pre = check_checkpoint(self.variant, self.plan.model_path)
         if pre.ran:
-            result.notes.append(pre.message)
-            if sink and run_id and pre.fixed_patterns:
-                sink.client.set_tag(run_id, "specexp.checkpoint_autofix", " ".join(pre.fixed_patterns))
+            self.result.notes.append(pre.message)
+            if self.sink and self.run_id and pre.fixed_patterns:
+                self.sink.client.set_tag(
+                    self.run_id, "specexp.checkpoint_autofix", " ".join(pre.fixed_patterns)
+                )
             if not pre.ok:
                 raise LaunchError(pre.message)
-        launcher = LocalLauncher(
-            plan,
-            vdir / "server.log",
-            ready_timeout_s=cfg.launcher.ready_timeout_s,
-            stop_timeout_s=cfg.launcher.stop_timeout_s,
+        self.launcher = stack.enter_context(
+            LocalLauncher(
+                self.plan,
+                self.vdir / "server.log",
+                ready_timeout_s=cfg.launcher.ready_timeout_s,
+                stop_timeout_s=cfg.launcher.stop_timeout_s,
+            )
         )
-        with launcher:
-            say("starting vllm serve")
-            endpoint = launcher.wait_ready()
-            result.ready_s = launcher.startup.ready_s
-            result.startup_phases = launcher.startup.phases
-            for line in launcher.substitutions:
-                result.notes.append(f"server log: {line} (the server ran something else than asked)")
-                if sink and run_id:
-                    sink.client.set_tag(run_id, "specexp.substitution", line)
-            result.cases = asyncio.run(measure(endpoint, cfg.bench, say))
-            attach_verdicts(result, baseline)
-            for name, case in result.cases.items():
-                if case.looping_outputs:
-                    total = sum(len(t.requests) for t in case.trials)
-                    result.notes.append(
-                        f"degenerate output: {case.looping_outputs} of {total} outputs of case {name} loop; "
-                        "its acceptance and speed figures are inflated"
-                    )
-            say("stopping server")
-        failed = sum(c.failed_requests for c in result.cases.values())
-        total = sum(len(t.requests) for c in result.cases.values() for t in c.trials)
+        self.say("starting vllm serve")
+        endpoint = self.launcher.wait_ready()
+        self.result.ready_s = self.launcher.startup.ready_s
+        self.result.startup_phases = self.launcher.startup.phases
+        for line in self.launcher.substitutions:
+            self.result.notes.append(f"server log: {line} (the server ran something else than asked)")
+            if self.sink and self.run_id:
+                self.sink.client.set_tag(self.run_id, "specexp.substitution", line)
+        return endpoint
+
+    def measured(self, cases: dict[str, CaseResult], baseline: VariantResult | None) -> None:
+        bench = self.variant.config.bench
+        self.result.cases, self.baseline = cases, baseline
+        attach_verdicts(self.result, baseline, look_confidence(bench.trials, bench.max_trials))
+        for name, case in cases.items():
+            if case.looping_outputs:
+                total = sum(len(t.requests) for t in case.trials)
+                self.result.notes.append(
+                    f"degenerate output: {case.looping_outputs} of {total} outputs of case {name} loop; "
+                    "its acceptance and speed figures are inflated"
+                )
+        failed = sum(c.failed_requests for c in cases.values())
+        total = sum(len(t.requests) for c in cases.values() for t in c.trials)
         if total and failed == total:
-            result.status, result.error = "failed", "every measured request failed"
-    except KeyboardInterrupt:
-        result.status, result.error = "interrupted", "interrupted by the user"
-        interrupted = True
-    except Exception as exc:  # any failure of one variant is recorded; the sweep goes on
-        result.status = "failed"
-        result.error = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
-    except BaseException:  # SystemExit and the like: never leave the run looking good
-        result.status, result.error = "failed", "aborted"
+            self.result.status, self.result.error = "failed", "every measured request failed"
+
+    def fail(self, exc: BaseException) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            self.result.status, self.result.error = "interrupted", "interrupted by the user"
+        elif isinstance(exc, Exception):
+            self.result.status = "failed"
+            self.result.error = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+        else:  # SystemExit and the like: never leave the run looking good
+            self.result.status, self.result.error = "failed", "aborted"
+
+    def finish(self) -> None:
+        self.result.wall_s = round(time.perf_counter() - self._t0, 3)
+        atomic_write_json(self.vdir / "result.json", self.result)
+        files = ["config.yaml", "launch.json", "server.log", "result.json"]
+        if self.result.cases:
+            write_request_records(self.vdir / "requests.jsonl", self.result.cases)
+            files.append("requests.jsonl")
+        if self.sink and self.run_id:
+            self.sink.finish_variant(self.run_id, self.result, self.baseline, [self.vdir / f for f in files])
+
+    def execute(self, baseline: VariantResult | None) -> None:
+        """Sequential sweep: the whole life in one go; any failure is recorded, Ctrl-C re-raised."""
+        self.begin()
+        try:
+            with contextlib.ExitStack() as stack:
+                endpoint = self.launch(stack)
+                self.measured(
+                    asyncio.run(measure(endpoint, self.variant.config.bench, self.say, baseline)), baseline
+                )
+                self.say("stopping server")
+        except BaseException as exc:
+            self.fail(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.finish()
+
+
+def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None]) -> None:
+    """Every server up at once, then rounds of one trial per variant (baselines first).
+
+    Slow drift of the machine (thermal, background load) then lands on every variant
+    alike instead of on whichever ran last. Adaptive trials add rounds while a case of
+    any variant has no clear verdict.
+    """
+    for run in runs:
+        run.begin()
+    live: list[tuple[VariantRun, Endpoint]] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for run in runs:
+                try:
+                    live.append((run, run.launch(stack)))
+                except Exception as exc:  # this variant failed to start; the others go on
+                    run.fail(exc)
+            if live:
+                results = asyncio.run(_measure_round_robin(live))
+                by_hash = {run.variant.hash: run for run, _ in live}
+                for run, _ in sorted(live, key=lambda x: not x[0].variant.is_baseline):
+                    base = by_hash.get(run.variant.baseline_hash or "")
+                    run.measured(results[run.variant.hash], base.result if base else None)
+    except BaseException as exc:
+        for run, _ in live:
+            if run.result.status == "ok":
+                run.fail(exc)
         raise
     finally:
-        result.wall_s = round(time.perf_counter() - t0, 3)
-        atomic_write_json(vdir / "result.json", result)
-        if sink and run_id:
-            sink.finish_variant(
-                run_id,
-                result,
-                baseline,
-                [
-                    vdir / "config.yaml",
-                    vdir / "launch.json",
-                    vdir / "server.log",
-                    vdir / "result.json",
-                ],
-            )
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
+        for run in runs:
+            run.finish()
+            done(run)
+
+
+async def _measure_round_robin(live: list[tuple[VariantRun, Endpoint]]) -> dict[str, dict[str, CaseResult]]:
+    bench = live[0][0].variant.config.bench
+    confidence = look_confidence(bench.trials, bench.max_trials)
+    async with contextlib.AsyncExitStack() as stack:
+        benches = [
+            (run, await stack.enter_async_context(VariantBench(endpoint, run.variant.config.bench, run.say)))
+            for run, endpoint in live
+        ]
+        by_hash = {run.variant.hash: vb for run, vb in benches}
+        target = bench.trials
+        while True:
+            for _ in range(target - min(vb.done for _, vb in benches)):
+                for _, vb in benches:
+                    await vb.run_trial(target)
+            if target >= bench.max_trials:
+                break
+            pending = False
+            for run, vb in benches:
+                base = by_hash.get(run.variant.baseline_hash or "")
+                if base is not None:
+                    ref = VariantResult(
+                        label="", variant_hash="", is_baseline=True, overrides=[], cases=base.results()
+                    )
+                    pending = pending or bool(undecided(vb.results(), ref, confidence))
+            if not pending:
+                break
+            target = min(bench.max_trials, target + bench.trials)
+        return {run.variant.hash: vb.results() for run, vb in benches}
 
 
 def resolved_yaml(variant: Variant) -> str:

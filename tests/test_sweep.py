@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from specexp.config.compose import plan_sweep
-from specexp.sweep import _run_variant
+from specexp.sweep import VariantRun
 from tests.launch.test_local import alive, fake_plan, worker_pid
 
 
@@ -12,7 +12,9 @@ def test_a_server_error_mid_measurement_fails_the_variant_not_the_sweep(tmp_path
     (variant,) = plan_sweep(["spec=none", "bench.warmup_requests=0"], with_baseline=False)
     plan = fake_plan("metrics500")
     messages: list[str] = []
-    result = _run_variant(variant, plan, tmp_path / "v", None, None, messages.append)
+    run = VariantRun(variant, plan, tmp_path / "v", None, messages.append)
+    run.execute(None)
+    result = run.result
     assert result.status == "failed"
     assert result.error is not None and result.error.startswith("HTTPStatusError")
     assert result.ready_s is not None  # it got as far as ready
@@ -46,3 +48,61 @@ def test_a_reused_sweep_name_never_overwrites_earlier_results(workdir: Path) -> 
     assert (first / "sweep.json").read_text() == "{}"
     assert outcome.result.variants[0].status == "failed"  # the launch itself failed, and says why
     assert "cannot start /nonexistent/vllm" in (outcome.result.variants[0].error or "")
+
+
+def test_interleaved_sweep_takes_one_trial_of_each_variant_per_round(tmp_path: Path) -> None:
+    from specexp.sweep import _run_interleaved
+
+    variants = plan_sweep(
+        [
+            "spec=ngram",
+            "bench.trials=3",
+            "bench.order=interleaved",
+            "bench.warmup_requests=0",
+            "bench.cases.single.num_prompts=1",
+            "bench.cases.concurrent4.num_prompts=4",
+        ]
+    )
+    assert [v.is_baseline for v in variants] == [True, False]
+    runs = [
+        VariantRun(v, fake_plan("serve"), tmp_path / str(i), None, lambda _m: None)
+        for i, v in enumerate(variants)
+    ]
+    finished: list[str] = []
+    _run_interleaved(runs, lambda run: finished.append(run.variant.label))
+    assert finished == [v.label for v in variants]
+    base, spec = (run.result for run in runs)
+    assert base.status == spec.status == "ok"
+    for case in ("single", "concurrent4"):
+        a = [t.started_at for t in base.cases[case].trials]
+        b = [t.started_at for t in spec.cases[case].trials]
+        assert len(a) == len(b) == 3
+        assert a[0] < b[0] < a[1] < b[1] < a[2] < b[2]  # round-robin, baseline first in each round
+    assert spec.cases["single"].verdict is not None  # judged against the baseline's trials
+    for i in range(2):
+        lines = (tmp_path / str(i) / "requests.jsonl").read_text().splitlines()
+        assert len(lines) == 3 * (1 + 4) and json.loads(lines[0])["case"] == "single"
+        assert not alive(worker_pid(tmp_path / str(i) / "server.log"))
+
+
+def test_interleaved_sweep_goes_on_when_one_server_fails_to_start(tmp_path: Path) -> None:
+    from specexp.sweep import _run_interleaved
+
+    variants = plan_sweep(
+        [
+            "spec=ngram",
+            "bench.trials=1",
+            "bench.order=interleaved",
+            "bench.warmup_requests=0",
+            "bench.cases.single.num_prompts=1",
+            "bench.cases.concurrent4.num_prompts=4",
+        ]
+    )
+    runs = [
+        VariantRun(variants[0], fake_plan("serve"), tmp_path / "0", None, lambda _m: None),
+        VariantRun(variants[1], fake_plan("crash"), tmp_path / "1", None, lambda _m: None),
+    ]
+    _run_interleaved(runs, lambda _run: None)
+    assert runs[0].result.status == "ok" and len(runs[0].result.cases["single"].trials) == 1
+    assert runs[1].result.status == "failed" and "KV cache" in (runs[1].result.error or "")
+    assert json.loads((tmp_path / "1" / "result.json").read_text())["status"] == "failed"

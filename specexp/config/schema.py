@@ -151,7 +151,14 @@ class CaseConfig:
 
 @dataclass
 class BenchConfig:
-    trials: int = 3
+    trials: int = 5  # per look; seed 000: one trial said 3.1 tok/s, five said 6.7 [6.4-10.2]
+    # Adaptive trials: while a case has no clear verdict against the baseline, add another
+    # batch of `trials`, up to this many (0 = off). Confidence is split over the looks.
+    max_trials: int = 0
+    # sequential: one server at a time, all its trials in a row. interleaved: every
+    # variant's server up at once, one trial of each per round, so slow drift of the
+    # machine lands on all variants alike (needs memory for all servers together).
+    order: str = "sequential"
     warmup_requests: int = 1
     temperature: float = 0.0
     seed: int = 0
@@ -165,6 +172,10 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"bench.trials={self.trials} must be >= 1")
+        if self.max_trials and self.max_trials < self.trials:
+            raise ValueError(f"bench.max_trials={self.max_trials} is below bench.trials={self.trials}")
+        if self.order not in ("sequential", "interleaved"):
+            raise ValueError(f"bench.order: {self.order!r} is not sequential or interleaved")
         if self.temperature < 0:
             raise ValueError("bench.temperature must be >= 0")
 

@@ -148,10 +148,19 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port not handed out before in this process: plans are built before any
+    server binds, and interleaved sweeps run several servers at once."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def speculative_json(config: Config) -> str | None:

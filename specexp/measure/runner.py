@@ -3,7 +3,8 @@
 Warm-up requests come first and are not counted. Each measured window (one
 case of one trial) is bracketed by two ``/metrics`` snapshots, so acceptance
 belongs to exactly that window. Trials are the outer loop so slow drift of the
-machine spreads over all cases instead of landing on the last one.
+machine spreads over all cases instead of landing on the last one; an interleaved
+sweep goes further and takes one trial of every variant per round.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from specexp.measure import prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
 from specexp.measure.long_prompt import exact_prompt
-from specexp.measure.stats import summarize, trial_metrics
-from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, TrialRecord
+from specexp.measure.stats import attach_verdicts, look_confidence, summarize, trial_metrics
+from specexp.record.results import (
+    AcceptanceRecord,
+    CaseResult,
+    RequestRecord,
+    TrialRecord,
+    VariantResult,
+)
 
 Progress = Callable[[str], None]
 
@@ -56,6 +63,7 @@ async def _run_case(
             await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
     before = await prometheus.scrape(client, endpoint.metrics_url)
     sem = asyncio.Semaphore(case.concurrency)
+    started_at = time.time()
     t0 = time.perf_counter()
 
     async def one(i: int) -> RequestRecord:
@@ -100,6 +108,7 @@ async def _run_case(
     return TrialRecord(
         case=case_name,
         trial=trial,
+        started_at=started_at,
         duration_s=duration,
         requests=records,
         metrics=metrics,
@@ -107,56 +116,122 @@ async def _run_case(
     )
 
 
-async def measure(
-    endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None
-) -> dict[str, CaseResult]:
-    say = progress or (lambda _msg: None)
-    prompts = {
-        name: _case_prompts(endpoint, bench, name, case, ci)
-        for ci, (name, case) in enumerate(bench.cases.items())
-    }
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(limits=limits, timeout=bench.request_timeout_s) as client:
-        url = f"{endpoint.base_url}/v1/chat/completions"
-        for i in range(bench.warmup_requests):
-            say(f"warm-up {i + 1}/{bench.warmup_requests}")
+class VariantBench:
+    """One variant's measurement, a trial at a time: warm-up once, then ``run_trial`` as
+    often as the schedule asks (all trials in a row, or round-robin with other variants)."""
+
+    def __init__(self, endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None) -> None:
+        self.endpoint, self.bench = endpoint, bench
+        self.say: Progress = progress or (lambda _msg: None)
+        self.prompts = {
+            name: _case_prompts(endpoint, bench, name, case, ci)
+            for ci, (name, case) in enumerate(bench.cases.items())
+        }
+        self.trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def done(self) -> int:
+        return min((len(t) for t in self.trials.values()), default=0)
+
+    async def __aenter__(self) -> VariantBench:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s)
+        try:
+            await self._warm_up()
+        except BaseException:
+            await self._client.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _warm_up(self) -> None:
+        assert self._client is not None
+        url = f"{self.endpoint.base_url}/v1/chat/completions"
+        for i in range(self.bench.warmup_requests):
+            self.say(f"warm-up {i + 1}/{self.bench.warmup_requests}")
             payload = chat_payload(
-                endpoint.model,
+                self.endpoint.model,
                 workload.warmup_prompt(),
                 max_tokens=16,
-                temperature=bench.temperature,
-                seed=bench.seed,
+                temperature=self.bench.temperature,
+                seed=self.bench.seed,
             )
             rec = await stream_chat(
-                client,
+                self._client,
                 url,
                 payload,
                 index=i,
                 t0=time.perf_counter(),
-                timeout_s=bench.request_timeout_s,
+                timeout_s=self.bench.request_timeout_s,
             )
             if rec.error:
                 raise RuntimeError(f"warm-up request failed: {rec.error}")
-        trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
-        for t in range(bench.trials):
-            for name, case in bench.cases.items():
-                say(f"trial {t + 1}/{bench.trials} · {name}")
-                trials[name].append(await _run_case(client, endpoint, bench, name, case, prompts[name], t))
-    results: dict[str, CaseResult] = {}
-    for name, case in bench.cases.items():
-        recs = trials[name]
-        keys = sorted({k for r in recs for k in r.metrics})
-        summary = {}
-        for key in keys:
-            s = summarize(r.metrics[key] for r in recs if key in r.metrics)
-            if s is not None:
-                summary[key] = s
-        results[name] = CaseResult(
-            case=name,
-            concurrency=case.concurrency,
-            trials=recs,
-            summary=summary,
-            failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
-            looping_outputs=sum(1 for r in recs for q in r.requests if q.ok and q.looping),
-        )
-    return results
+
+    async def run_trial(self, of: int) -> None:
+        """One more trial of every case (cases in order, so drift spreads over all of them)."""
+        assert self._client is not None, "use VariantBench as an async context manager"
+        t = self.done
+        for name, case in self.bench.cases.items():
+            self.say(f"trial {t + 1}/{of} · {name}")
+            self.trials[name].append(
+                await _run_case(self._client, self.endpoint, self.bench, name, case, self.prompts[name], t)
+            )
+
+    def results(self) -> dict[str, CaseResult]:
+        return {name: _case_result(name, case, self.trials[name]) for name, case in self.bench.cases.items()}
+
+
+def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseResult:
+    keys = sorted({k for r in recs for k in r.metrics})
+    summary = {}
+    for key in keys:
+        s = summarize(r.metrics[key] for r in recs if key in r.metrics)
+        if s is not None:
+            summary[key] = s
+    return CaseResult(
+        case=name,
+        concurrency=case.concurrency,
+        trials=recs,
+        summary=summary,
+        failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
+        looping_outputs=sum(1 for r in recs for q in r.requests if q.ok and q.looping),
+    )
+
+
+def undecided(cases: dict[str, CaseResult], baseline: VariantResult | None, confidence: float) -> list[str]:
+    """Cases whose main figure has no clear verdict against the baseline yet."""
+    if baseline is None:
+        return []
+    probe = VariantResult(label="", variant_hash="", is_baseline=False, overrides=[], cases=cases)
+    attach_verdicts(probe, baseline, confidence)
+    return [
+        n
+        for n, c in probe.cases.items()
+        if c.verdict is not None and c.verdict.verdict == "no clear difference"
+    ]
+
+
+async def measure(
+    endpoint: Endpoint,
+    bench: BenchConfig,
+    progress: Progress | None = None,
+    baseline: VariantResult | None = None,
+) -> dict[str, CaseResult]:
+    """All of one variant's trials in a row; with ``bench.max_trials`` above ``bench.trials``,
+    more batches follow while a case has no clear verdict against ``baseline``."""
+    confidence = look_confidence(bench.trials, bench.max_trials)
+    async with VariantBench(endpoint, bench, progress) as vb:
+        target = bench.trials
+        while vb.done < target:
+            await vb.run_trial(target)
+            if (
+                vb.done == target
+                and target < bench.max_trials
+                and undecided(vb.results(), baseline, confidence)
+            ):
+                target = min(bench.max_trials, target + bench.trials)
+        return vb.results()

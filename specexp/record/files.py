@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from specexp.record.results import CaseResult
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,3 +44,15 @@ def safe_name(label: str) -> str:
 
 def variant_dir(sweep_dir: Path, index: int, label: str, variant_hash: str) -> Path:
     return sweep_dir / f"{index:02d}-{safe_name(label)[:60]}-{variant_hash}"
+
+
+def write_request_records(path: Path, cases: dict[str, CaseResult]) -> None:
+    """Every measured request as one JSON line (case and trial added): start, TTFT, ITLs,
+    tokens, error, text. The per-request truth behind every summary figure."""
+    lines = [
+        json.dumps({"case": name, "trial": trial.trial, **req.model_dump()}, separators=(",", ":"))
+        for name, case in cases.items()
+        for trial in case.trials
+        for req in trial.requests
+    ]
+    atomic_write_text(path, "\n".join(lines) + ("\n" if lines else ""))

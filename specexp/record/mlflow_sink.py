@@ -58,8 +58,9 @@ def variant_metrics(result: VariantResult, baseline: VariantResult | None) -> di
         out[f"{case}.looping_outputs"] = float(cr.looping_outputs)
         if cr.verdict is not None:
             v = cr.verdict
-            out[f"{case}.{v.metric}.vs_baseline_ci_low"] = v.ci_low
-            out[f"{case}.{v.metric}.vs_baseline_ci_high"] = v.ci_high
+            if v.ci_low is not None and v.ci_high is not None:
+                out[f"{case}.{v.metric}.vs_baseline_ci_low"] = v.ci_low
+                out[f"{case}.{v.metric}.vs_baseline_ci_high"] = v.ci_high
             out[f"{case}.verdict"] = {"better": 1.0, "worse": -1.0}.get(v.verdict, 0.0)
     return out
 

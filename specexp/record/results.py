@@ -51,6 +51,7 @@ class TrialRecord(_Model):
 
     case: str
     trial: int
+    started_at: float = 0.0  # wall clock (Unix time): shows the order of an interleaved sweep
     duration_s: float
     requests: list[RequestRecord]
     metrics: dict[str, float]
@@ -68,13 +69,16 @@ class Summary(_Model):
 
 
 class Verdict(_Model):
-    """A variant's median against its baseline's, with a bootstrap interval of the ratio."""
+    """A variant against its baseline: the ratio (Hodges-Lehmann) with an exact rank interval."""
 
     metric: str
-    ratio: float  # variant median / baseline median
-    ci_low: float
-    ci_high: float
+    ratio: float  # median of the pairwise ratios variant/baseline over trials
+    ci_low: float | None  # None: too few trials for any interval at this confidence
+    ci_high: float | None
     verdict: Literal["better", "worse", "no clear difference"]
+    confidence: float = 0.95
+    n_baseline: int = 0
+    n_variant: int = 0
 
 
 class CaseResult(_Model):

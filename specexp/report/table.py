@@ -63,6 +63,8 @@ def _case_cells(cr: CaseResult) -> list[str]:
         speed += f" [yellow]!{len(summary.outliers)}[/yellow]"
     if cr.verdict is not None:
         mark = {"better": "[green]▲[/green]", "worse": "[red]▼[/red]"}.get(cr.verdict.verdict, "≈")
+        if cr.verdict.ci_low is None:
+            mark = "?"  # too few trials for any interval: no verdict possible
         speed += f" ×{cr.verdict.ratio:.2f}{mark}"
     spread, jain = cr.summary.get("ttft_spread_ms"), cr.summary.get("jain_index")
     fairness = f"{spread.median:.0f} / {jain.median:.2f}" if spread and jain else "–"

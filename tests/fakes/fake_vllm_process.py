@@ -1,12 +1,16 @@
 """A stand-in for ``vllm serve`` with real process behaviour: startup log lines, a forked
 worker in the same process group, /health, and scripted faults.
 
-usage: fake_vllm_process.py MODE PORT   (MODE: ok | crash | hang | stubborn | metrics500)
+usage: fake_vllm_process.py MODE PORT   (MODE: ok | crash | hang | stubborn | metrics500 | serve)
+
+``serve`` also answers chat completions (a short SSE stream, each request logged with
+its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it.
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import sys
@@ -21,9 +25,46 @@ def log(msg: str) -> None:
 
 
 class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/health" else 404)
+    protocol_version = "HTTP/1.1"
+
+    def _empty(self, code: int) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def do_GET(self) -> None:
+        if mode == "serve" and self.path == "/metrics":
+            body = b"# no spec decode counters\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self._empty(200 if self.path == "/health" else 404)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        if mode != "serve" or self.path not in ("/v1/chat/completions", "/reset_prefix_cache"):
+            self._empty(404)
+            return
+        if self.path == "/reset_prefix_cache":
+            self._empty(200)
+            return
+        log(f"REQUEST {time.time():.6f}")
+        events = [{"choices": [{"index": 0, "delta": {"content": f"word{i} "}}]} for i in range(4)]
+        events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        events.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4}})
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        raw = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        for i in range(0, len(raw), 64):
+            self.wfile.write(raw[i : i + 64])
+            self.wfile.flush()
+            time.sleep(0.001)
 
     def log_message(self, *args: object) -> None:
         pass

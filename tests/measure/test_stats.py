@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from specexp.measure.stats import (
     attach_verdicts,
     compare,
     jain_index,
+    look_confidence,
+    min_trials,
     outlier_indices,
     summarize,
     trial_metrics,
@@ -54,17 +58,54 @@ def test_outliers_need_three_values_and_handle_zero_mad() -> None:
 
 
 def test_verdicts_clear_effect_tie_and_regression() -> None:
-    base = [34.3, 34.8, 36.2]
-    better = compare("decode_tok_s", base, [92.5, 95.5, 99.6])
-    assert better is not None and better.verdict == "better" and better.ratio == pytest.approx(95.5 / 34.8)
-    assert better.ci_low > 1
-    tie = compare("decode_tok_s", base, [33.9, 35.1, 36.0])
-    assert tie is not None and tie.verdict == "no clear difference" and tie.ci_low <= 1 <= tie.ci_high
-    worse = compare("decode_tok_s", base, [30.1, 30.5, 31.0])
+    base = [34.3, 34.8, 36.2, 35.0, 34.9]
+    better = compare("decode_tok_s", base, [92.5, 95.5, 99.6, 94.0, 97.1])
+    assert better is not None and better.verdict == "better"
+    assert better.ci_low is not None and better.ci_low > 1 and better.n_baseline == better.n_variant == 5
+    tie = compare("decode_tok_s", base, [33.9, 35.1, 36.0, 34.5, 35.3])
+    assert tie is not None and tie.verdict == "no clear difference"
+    assert tie.ci_low is not None and tie.ci_high is not None and tie.ci_low <= 1 <= tie.ci_high
+    worse = compare("decode_tok_s", base, [30.1, 30.5, 31.0, 29.8, 30.7])
     assert worse is not None and worse.verdict == "worse"
-    latency = compare("ttft_ms", [100.0, 101.0, 99.0], [80.0, 81.0, 79.0], higher_is_better=False)
+    latency = compare(
+        "ttft_ms", [100.0, 101.0, 99.0, 100.5], [80.0, 81.0, 79.0, 80.5], higher_is_better=False
+    )
     assert latency is not None and latency.verdict == "better"
     assert compare("x", [], [1.0]) is None
+
+
+def test_ratio_is_the_median_pairwise_ratio_and_one_outlier_cannot_flip_it() -> None:
+    v = compare("x", [1.0, 2.0], [2.0, 4.0])  # pairwise ratios 2, 4, 1, 2 -> median 2
+    assert v is not None and v.ratio == pytest.approx(2.0)
+    base = [100.0, 101.0, 99.0, 100.5, 99.5]
+    faster = [110.0, 111.0, 109.0, 110.5, 66.0]  # +10 %, one trial collapsed (seed 000's slow trial)
+    verdict = compare("x", base, faster)
+    assert verdict is not None and verdict.ratio == pytest.approx(1.1, rel=0.01)
+
+
+def test_three_trials_against_three_cannot_give_a_95_percent_verdict() -> None:
+    v = compare("x", [10.0, 10.1, 10.2], [20.0, 20.1, 20.2])
+    assert v is not None and v.verdict == "no clear difference" and v.ci_low is None and v.ci_high is None
+    assert min_trials(0.95) == 4
+
+
+def test_false_winners_stay_at_or_under_five_percent_under_no_effect() -> None:
+    rng = random.Random(7)
+    runs, wrong = 400, 0
+    for _ in range(runs):
+        b = [100 * (1 + rng.gauss(0, 0.1)) for _ in range(5)]
+        v = [100 * (1 + rng.gauss(0, 0.1)) for _ in range(5)]
+        verdict = compare("x", b, v)
+        assert verdict is not None
+        wrong += verdict.verdict != "no clear difference"
+    assert wrong / runs <= 0.06  # exact test: 5 % in expectation, binomial noise on 400 runs
+
+
+def test_look_confidence_splits_five_percent_over_the_planned_looks() -> None:
+    assert look_confidence(5, 0) == pytest.approx(0.95)
+    assert look_confidence(5, 5) == pytest.approx(0.95)
+    assert look_confidence(5, 20) == pytest.approx(1 - 0.05 / 4)  # looks at 5, 10, 15, 20
+    assert look_confidence(5, 12) == pytest.approx(1 - 0.05 / 3)  # 5, 10, 12
 
 
 def test_verdicts_attach_to_every_case_from_trial_values() -> None:
@@ -79,8 +120,8 @@ def test_verdicts_attach_to_every_case_from_trial_values() -> None:
     def variant(cases: dict[str, CaseResult]) -> VariantResult:
         return VariantResult(label="v", variant_hash="h", is_baseline=False, overrides=[], cases=cases)
 
-    base = variant({"single": case([10, 11, 12], 1), "c4": case([40, 41, 42], 4)})
-    var = variant({"single": case([20, 21, 22], 1), "c4": case([40, 42, 41], 4)})
+    base = variant({"single": case([10, 11, 12, 11], 1), "c4": case([40, 41, 42, 41], 4)})
+    var = variant({"single": case([20, 21, 22, 21], 1), "c4": case([40, 42, 41, 41], 4)})
     attach_verdicts(var, base)
     assert var.cases["single"].verdict is not None and var.cases["single"].verdict.verdict == "better"
     c4 = var.cases["c4"].verdict
