@@ -1,11 +1,16 @@
 """Streaming chat client: one request, timed with ``perf_counter``, failures returned as data.
 
-TTFT is the first chunk carrying content; latency ends at the last content
-chunk, not at the usage chunk or ``[DONE]``, so ``latency − TTFT = ΣITL``.
-Output tokens come from the final usage block: with speculative decoding one
-chunk can carry several tokens, so counting chunks would undercount. vLLM can
-answer HTTP 200 and then send ``{"error": ...}`` inside the stream: that is a
-failure, as is a stream with no content at all.
+Times are taken where they are true, not where Python gets round to them:
+- TTFT starts when the request body has been handed to the socket (httpx's trace
+  hook), so time the client spent queued behind other streams before sending is not
+  counted as server time (``send_delay_s`` keeps it, for the record);
+- each token's time is the arrival of the network read that carried it, taken before
+  any parsing, so decoding one stream's chunk does not delay another's timestamp.
+TTFT is the first event carrying content; latency ends at the last content event,
+not at the usage event or ``[DONE]``, so ``latency − TTFT = ΣITL``. Output tokens come
+from the final usage block: with speculative decoding one event can carry several
+tokens, so counting events would undercount. vLLM can answer HTTP 200 and then send
+``{"error": ...}`` inside the stream: that is a failure, as is a stream with no content.
 """
 
 from __future__ import annotations
@@ -38,6 +43,46 @@ def chat_payload(
     }
 
 
+class _Stream:
+    """Folds SSE events into a RequestRecord."""
+
+    def __init__(self, rec: RequestRecord) -> None:
+        self.rec = rec
+        self.sent: float | None = None
+        self.last: float | None = None
+        self.parts: list[str] = []
+        self.done = False
+
+    def event(self, data: bytes, now: float) -> None:
+        rec = self.rec
+        if data == b"[DONE]":
+            self.done = True
+            return
+        event = json.loads(data)
+        if "error" in event:
+            err = event["error"]
+            rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+            self.done = True
+            return
+        if usage := event.get("usage"):
+            rec.output_tokens = int(usage.get("completion_tokens") or 0)
+            rec.prompt_tokens = usage.get("prompt_tokens")
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content = delta.get("content") or delta.get("reasoning_content") or ""
+            if choice.get("finish_reason"):
+                rec.finish_reason = choice["finish_reason"]
+            if not content:
+                continue
+            self.parts.append(content)
+            rec.chunks += 1
+            if self.last is None:
+                rec.ttft_s = now - (self.sent if self.sent is not None else now)
+            else:
+                rec.itl_s.append(now - self.last)
+            self.last = now
+
+
 async def stream_chat(
     client: httpx.AsyncClient,
     url: str,
@@ -49,48 +94,39 @@ async def stream_chat(
 ) -> RequestRecord:
     start = time.perf_counter()
     rec = RequestRecord(index=index, start_s=start - t0)
-    last: float | None = None
-    parts: list[str] = []
+    st = _Stream(rec)
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name == "http11.send_request_body.complete":
+            st.sent = time.perf_counter()
+
     try:
-        async with client.stream("POST", url, json=payload, timeout=timeout_s) as resp:
+        async with client.stream("POST", url, json=payload, timeout=timeout_s, extensions={"trace": trace}) as resp:
+            if st.sent is None:  # no trace from this transport: fall back to the start
+                st.sent = start
+            rec.send_delay_s = st.sent - start
             if resp.status_code != 200:
                 body = (await resp.aread()).decode(errors="replace")
                 rec.error = f"HTTP {resp.status_code}: {body[:300]}"
                 return rec
-            async for line in resp.aiter_lines():
-                now = time.perf_counter()
-                if not line or line.startswith(":") or not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            buf = b""
+            async for raw in resp.aiter_bytes():
+                now = time.perf_counter()  # arrival of this read, before any parsing
+                buf += raw
+                *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
+                for ev in events:
+                    for line in ev.split(b"\n"):
+                        if line.startswith(b"data:"):
+                            st.event(line[5:].strip(), now)
+                    if st.done:
+                        break
+                if st.done:
                     break
-                event = json.loads(data)
-                if "error" in event:
-                    err = event["error"]
-                    rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
-                    break
-                if usage := event.get("usage"):
-                    rec.output_tokens = int(usage.get("completion_tokens") or 0)
-                    rec.prompt_tokens = usage.get("prompt_tokens")
-                for choice in event.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content") or delta.get("reasoning_content") or ""
-                    if choice.get("finish_reason"):
-                        rec.finish_reason = choice["finish_reason"]
-                    if not content:
-                        continue
-                    parts.append(content)
-                    rec.chunks += 1
-                    if last is None:
-                        rec.ttft_s = now - start
-                    else:
-                        rec.itl_s.append(now - last)
-                    last = now
     except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
-    rec.text = "".join(parts)
-    if last is not None:
-        rec.latency_s = last - start
+    rec.text = "".join(st.parts)
+    if st.last is not None and st.sent is not None:
+        rec.latency_s = st.last - st.sent
     if rec.error is None and rec.ttft_s is None:
         rec.error = "stream ended without any content"
     return rec

@@ -21,9 +21,10 @@ class RequestRecord(_Model):
 
     index: int
     start_s: float
-    ttft_s: float | None = None
+    send_delay_s: float = 0.0  # client-side: start → request body on the socket (not in TTFT)
+    ttft_s: float | None = None  # request sent → first content
     itl_s: list[float] = Field(default_factory=list)  # gaps between content chunks
-    latency_s: float | None = None  # start → last content chunk
+    latency_s: float | None = None  # request sent → last content chunk
     prompt_tokens: int | None = None
     output_tokens: int = 0
     chunks: int = 0
