@@ -169,7 +169,8 @@ def main() -> None:
         assert server.stdout is not None and server.stdout.readline().startswith("READY")
         print("scripted server: TTFT 40 ms, gaps 8/12/16/24 ms, 64 tokens per request; |measured − true|")
         print(
-            f"{'streams':>7} {'client':>17} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'CPU µs/tok':>10} {'bad':>4}"
+            f"{'streams':>7} {'client':>17} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+            f"{'CPU µs/tok':>10} {'bad':>4}"
         )
         rows: dict[tuple[int, str], tuple[float, float, float]] = {}
         with tempfile.TemporaryDirectory() as tmp_name:
@@ -189,7 +190,8 @@ def main() -> None:
                     p50, p99 = statistics.median(errs), pct(errs, 0.99)
                     rows[(streams, name)] = (p50, p99, cpu_us)
                     print(
-                        f"{streams:>7} {name:>17} {p50:>7.3f} {p99:>7.3f} {max(errs):>7.2f} {cpu_us:>10.0f} {bad:>4}"
+                        f"{streams:>7} {name:>17} {p50:>7.3f} {p99:>7.3f} {max(errs):>7.2f} "
+                        f"{cpu_us:>10.0f} {bad:>4}"
                     )
         if py is None or tokenizer is None:
             print(

@@ -28,7 +28,7 @@ import argparse
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     md.add_argument("action", choices=["build", "path"])
     md.add_argument("--name", default="smollm2-135m-instruct")
     sub.add_parser("ui", help="print the command that opens these runs in the MLflow UI")
+    su = sub.add_parser("suite", help="the functional regression suites (conf/suite/)")
+    su.add_argument("action", choices=["show"])
+    su.add_argument("name", nargs="?", help="suite name (default: the configured one)")
     return ap
 
 
@@ -87,6 +90,36 @@ def _model(args: argparse.Namespace, console: Console) -> int:
         return 0 if embedded.is_built(args.name) else 1
     path = embedded.build(args.name)
     console.print(str(path), highlight=False)
+    return 0
+
+
+def _suite(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from specexp.config.compose import compose_config, hydra_context
+    from specexp.suite.cases import parse_cases
+
+    with hydra_context():
+        cfg, _ = compose_config([f"suite={args.name}"] if args.name else [])
+    cases = parse_cases(cfg.suite.cases, cfg.suite.name)
+    table = Table(title=f"suite {cfg.suite.name}: {len(cases)} case(s)")
+    for col in ("case", "check", "max tokens", "needs", "asks"):
+        table.add_column(col)
+    for c in cases:
+        ask = " ".join(c.rendered_messages()[-1]["content"].split())
+        needs = (
+            " ".join(c.requires)
+            + (" tools" if c.tools else "")
+            + (" sandbox" if c.check.kind == "code" else "")
+        )
+        table.add_row(
+            c.name,
+            c.check.kind,
+            str(c.max_tokens),
+            needs.strip() or "–",
+            ask[:70] + ("…" if len(ask) > 70 else ""),
+        )
+    console.print(table)
     return 0
 
 
@@ -131,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args, console)
         if args.cmd == "model":
             return _model(args, console)
+        if args.cmd == "suite":
+            return _suite(args, console)
         return _ui(console)
     except SpecexpError as exc:
         err.print(f"specexp: error: {exc}", markup=False, soft_wrap=True)

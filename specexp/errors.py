@@ -17,3 +17,7 @@ class ValidationFailed(SpecexpError):
 
 class LaunchError(SpecexpError):
     """The server could not be started or did not become ready."""
+
+
+class SuiteFailed(SpecexpError):
+    """A variant regressed on the functional suite and ``suite.fail_fast`` stopped it."""

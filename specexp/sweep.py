@@ -25,12 +25,13 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 
 from specexp.assets import embedded
 from specexp.config.variant import Variant
-from specexp.errors import ConfigError, LaunchError, ValidationFailed
+from specexp.errors import ConfigError, LaunchError, SuiteFailed, ValidationFailed
 from specexp.launch.base import Endpoint
 from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
+from specexp.measure.long_prompt import load_tokenizer
 from specexp.measure.runner import VariantBench, measure, undecided
 from specexp.measure.stats import attach_verdicts, look_confidence
 from specexp.paths import workdir
@@ -38,7 +39,9 @@ from specexp.record import vllm_bench
 from specexp.record.files import atomic_write_json, atomic_write_text, variant_dir, write_request_records
 from specexp.record.mlflow_sink import MlflowSink
 from specexp.record.results import CaseResult, SweepResult, VariantResult
-from specexp.report.table import describe_check, print_plan, summary_table
+from specexp.report.table import describe_check, describe_suite, print_plan, suite_table, summary_table
+from specexp.suite.cases import parse_cases
+from specexp.suite.runner import judge_against_baseline, run_suite
 
 
 @dataclass
@@ -108,6 +111,8 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
         if not embedded.is_built(model):
             console.print(f"building embedded model {model} (once) …")
             embedded.build(model)
+    for v in variants:  # a bad suite file is an error before any server starts
+        parse_cases(v.config.suite.cases, v.config.suite.name)
     plans = _plans(variants, resolve_model=True)
     console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
     check_or_raise(validate_plans(plans), console)
@@ -194,6 +199,8 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
                 status = "FAILED" if failed == len(sweep.variants) else "FINISHED"
             sink.end_sweep(status, {"wall_s": sweep.wall_s, "failed_variants": float(failed)})
     console.print(summary_table(sweep.variants))
+    if any(r.suite is not None for r in sweep.variants):
+        console.print(suite_table(sweep.variants))
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {sweep_dir}", highlight=False)
     return SweepOutcome(sweep, sweep_dir, sink.uri if sink else None)
 
@@ -206,6 +213,8 @@ def _report_variant(console: Console, r: VariantResult) -> None:
     for note in r.notes:
         if note.startswith(("server log:", "degenerate output:")):
             console.print(f"[yellow]warning[/yellow] {r.label}: {note}", highlight=False)
+    if r.suite is not None:
+        console.print(f"  {r.label}: {describe_suite(r.suite)}", highlight=False)
     if r.status == "ok":
         phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in r.startup_phases.items())
         console.print(
@@ -283,6 +292,33 @@ class VariantRun:
                 self.sink.client.set_tag(self.run_id, "specexp.substitution", line)
         return endpoint
 
+    def check_suite(self, endpoint: Endpoint, baseline: VariantResult | None) -> None:
+        """The functional suite, judged against the baseline's answers; may stop the variant."""
+        cfg = self.variant.config.suite
+        if not cfg.cases:
+            return
+        result = asyncio.run(
+            run_suite(
+                endpoint,
+                cfg.name,
+                parse_cases(cfg.cases, cfg.name),
+                server_args=self.plan.serve_args,
+                seed=self.variant.config.bench.seed,
+                timeout_s=cfg.timeout_s,
+                code_timeout_s=cfg.code_timeout_s,
+                progress=self.say,
+            )
+        )
+        if baseline is not None and baseline.suite is not None:
+            tokenizer = load_tokenizer(endpoint.tokenizer) if endpoint.tokenizer else None
+            judge_against_baseline(result, baseline.suite, tokenizer)
+        self.result.suite = result
+        if cfg.fail_fast and result.regressions:
+            raise SuiteFailed(
+                f"suite {cfg.name}: {len(result.regressions)} regression(s) "
+                f"({', '.join(result.regressions)}); benchmarks skipped (suite.fail_fast=true)"
+            )
+
     def measured(self, cases: dict[str, CaseResult], baseline: VariantResult | None) -> None:
         bench = self.variant.config.bench
         self.result.cases, self.baseline = cases, baseline
@@ -304,7 +340,8 @@ class VariantRun:
             self.result.status, self.result.error = "interrupted", "interrupted by the user"
         elif isinstance(exc, Exception):
             self.result.status = "failed"
-            self.result.error = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+            plain = isinstance(exc, LaunchError | SuiteFailed)
+            self.result.error = str(exc) if plain else f"{type(exc).__name__}: {exc}"
         else:  # SystemExit and the like: never leave the run looking good
             self.result.status, self.result.error = "failed", "aborted"
 
@@ -312,6 +349,9 @@ class VariantRun:
         self.result.wall_s = round(time.perf_counter() - self._t0, 3)
         atomic_write_json(self.vdir / "result.json", self.result)
         files = ["config.yaml", "launch.json", "server.log", "result.json"]
+        if self.result.suite is not None:
+            atomic_write_json(self.vdir / "suite.json", self.result.suite)
+            files.append("suite.json")
         if self.result.cases:
             write_request_records(self.vdir / "requests.jsonl", self.result.cases)
             files.append("requests.jsonl")
@@ -324,6 +364,7 @@ class VariantRun:
         try:
             with contextlib.ExitStack() as stack:
                 endpoint = self.launch(stack)
+                self.check_suite(endpoint, baseline)
                 self.measured(
                     asyncio.run(measure(endpoint, self.variant.config.bench, self.say, baseline)), baseline
                 )
@@ -353,12 +394,25 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
                     live.append((run, run.launch(stack)))
                 except Exception as exc:  # this variant failed to start; the others go on
                     run.fail(exc)
+            by_hash = {run.variant.hash: run for run, _ in live}
+            live.sort(key=lambda x: not x[0].variant.is_baseline)  # baselines answer the suite first
+
+            def baseline_of(run: VariantRun) -> VariantResult | None:
+                base = by_hash.get(run.variant.baseline_hash or "")
+                return base.result if base else None
+
+            checked = []
+            for run, endpoint in live:
+                try:
+                    run.check_suite(endpoint, baseline_of(run))
+                    checked.append((run, endpoint))
+                except Exception as exc:  # fail_fast: this variant stops here, the others go on
+                    run.fail(exc)
+            live = checked
             if live:
                 results = asyncio.run(_measure_round_robin(live))
-                by_hash = {run.variant.hash: run for run, _ in live}
-                for run, _ in sorted(live, key=lambda x: not x[0].variant.is_baseline):
-                    base = by_hash.get(run.variant.baseline_hash or "")
-                    run.measured(results[run.variant.hash], base.result if base else None)
+                for run, _ in live:
+                    run.measured(results[run.variant.hash], baseline_of(run))
     except BaseException as exc:
         for run, _ in live:
             if run.result.status == "ok":

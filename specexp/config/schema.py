@@ -141,6 +141,9 @@ class CaseConfig:
     # Exact prompt length in tokens (chat template included), built with the model's
     # tokenizer from realistic text; null = the workload's own prompts.
     prompt_tokens: int | None = None
+    # Always generate max_tokens (vLLM's ignore_eos). Only for matching another tool's
+    # fixed-length grid: a small model then loops, and the degenerate-output guard says so.
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.num_prompts < 1 or self.max_tokens < 1:
@@ -197,6 +200,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class SuiteConfig:
+    """The functional regression suite every variant answers before its benchmarks."""
+
+    name: str = "none"
+    fail_fast: bool = False  # a variant with a regression stops before its benchmarks
+    timeout_s: float = 120.0  # per request
+    code_timeout_s: float = 10.0  # per code-execution check, in the sandbox
+    # case name -> {messages, check, max_tokens, tools, requires, ...}; validated by
+    # specexp.suite.cases so a typo names the case and the field
+    cases: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class SweepConfig:
     baseline: bool = True  # add the no-speculation variant of every configuration
     results_dir: str = "results"
@@ -213,6 +229,7 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    suite: SuiteConfig = field(default_factory=SuiteConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
 

@@ -1,11 +1,14 @@
 """Streaming chat client: one request, timed with ``perf_counter``, failures returned as data.
 
 Times are taken where they are true, not where Python gets round to them:
-- TTFT starts when the request body has been handed to the socket (httpx's trace
+- TTFT starts when the request body has been handed to the socket (aiohttp's trace
   hook), so time the client spent queued behind other streams before sending is not
   counted as server time (``send_delay_s`` keeps it, for the record);
 - each token's time is the arrival of the network read that carried it, taken before
   any parsing, so decoding one stream's chunk does not delay another's timestamp.
+The streams go through aiohttp (C HTTP parser; vLLM's own bench client) rather than
+httpx: at 64 streams on one core httpx spent 117 µs of CPU per token against aiohttp's
+~37, and that queueing showed up as timing error (benchmarks/client_fidelity.py).
 TTFT is the first event carrying content; latency ends at the last content event,
 not at the usage event or ``[DONE]``, so ``latency − TTFT = ΣITL``. Output tokens come
 from the final usage block: with speculative decoding one event can carry several
@@ -19,7 +22,7 @@ import json
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from specexp.record.results import RequestRecord
 
@@ -31,8 +34,11 @@ def chat_payload(
     max_tokens: int,
     temperature: float,
     seed: int,
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
+    extra = {"ignore_eos": True} if ignore_eos else {}
     return {
+        **extra,
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
@@ -83,8 +89,27 @@ class _Stream:
             self.last = now
 
 
+def session(timeout_s: float) -> aiohttp.ClientSession:
+    """One session per measured variant: unlimited connections (the case's semaphore is the
+    limit), and the trace hook that tells each request when its body went out."""
+    trace = aiohttp.TraceConfig()
+
+    async def sent(_s: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+        stream = ctx.trace_request_ctx.get("stream") if ctx.trace_request_ctx else None
+        if isinstance(stream, _Stream):
+            stream.sent = time.perf_counter()
+
+    trace.on_request_headers_sent.append(sent)
+    trace.on_request_chunk_sent.append(sent)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s),
+        trace_configs=[trace],
+    )
+
+
 async def stream_chat(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     url: str,
     payload: dict[str, Any],
     *,
@@ -95,22 +120,17 @@ async def stream_chat(
     start = time.perf_counter()
     rec = RequestRecord(index=index, start_s=start - t0)
     st = _Stream(rec)
-
-    async def trace(name: str, info: dict[str, Any]) -> None:
-        if name == "http11.send_request_body.complete":
-            st.sent = time.perf_counter()
-
     try:
-        async with client.stream("POST", url, json=payload, timeout=timeout_s, extensions={"trace": trace}) as resp:
-            if st.sent is None:  # no trace from this transport: fall back to the start
+        async with client.post(url, json=payload, trace_request_ctx={"stream": st}) as resp:
+            if st.sent is None:  # no trace from this session: fall back to the start
                 st.sent = start
             rec.send_delay_s = st.sent - start
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                rec.error = f"HTTP {resp.status_code}: {body[:300]}"
+            if resp.status != 200:
+                body = (await resp.read()).decode(errors="replace")
+                rec.error = f"HTTP {resp.status}: {body[:300]}"
                 return rec
             buf = b""
-            async for raw in resp.aiter_bytes():
+            async for raw in resp.content.iter_any():
                 now = time.perf_counter()  # arrival of this read, before any parsing
                 buf += raw
                 *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
@@ -122,7 +142,7 @@ async def stream_chat(
                         break
                 if st.done:
                     break
-    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
     rec.text = "".join(st.parts)
     if st.last is not None and st.sent is not None:

@@ -21,7 +21,8 @@ QUESTION = "\n\nIn one sentence, what is the document above about?"
 
 
 @cache
-def _tokenizer(path: str) -> Any:
+def load_tokenizer(path: str) -> Any:
+    """The model's tokenizer from a local folder, loaded once per process."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
 
@@ -48,7 +49,7 @@ def _filler_ids(tok: Any, index: int, min_tokens: int) -> list[int]:
 
 def exact_prompt(tokenizer_path: str, n_tokens: int, index: int = 0) -> list[dict[str, str]]:
     """A chat prompt whose templated form is exactly ``n_tokens`` tokens long."""
-    tok = _tokenizer(tokenizer_path)
+    tok = load_tokenizer(tokenizer_path)
     head = f"Document {index + 1}:\n"
     base = _count(tok, head + QUESTION)
     if n_tokens < base + 1:

@@ -14,11 +14,13 @@ import contextlib
 import time
 from collections.abc import Callable
 
+import aiohttp
 import httpx
 
 from specexp.config.schema import BenchConfig, CaseConfig
 from specexp.errors import ConfigError
 from specexp.launch.base import Endpoint
+from specexp.measure import client as streaming
 from specexp.measure import prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
@@ -50,6 +52,7 @@ def _case_prompts(
 
 async def _run_case(
     client: httpx.AsyncClient,
+    streams: aiohttp.ClientSession,
     endpoint: Endpoint,
     bench: BenchConfig,
     case_name: str,
@@ -73,9 +76,10 @@ async def _run_case(
             max_tokens=case.max_tokens,
             temperature=bench.temperature,
             seed=bench.seed,
+            ignore_eos=case.ignore_eos,
         )
         async with sem:
-            return await stream_chat(client, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
+            return await stream_chat(streams, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
 
     records = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
     for rec in records:
@@ -128,7 +132,8 @@ class VariantBench:
             for ci, (name, case) in enumerate(bench.cases.items())
         }
         self.trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # control: /metrics, cache reset
+        self._streams: aiohttp.ClientSession | None = None  # the measured streams
 
     @property
     def done(self) -> int:
@@ -137,19 +142,22 @@ class VariantBench:
     async def __aenter__(self) -> VariantBench:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s)
+        self._streams = streaming.session(self.bench.request_timeout_s)
         try:
             await self._warm_up()
         except BaseException:
-            await self._client.aclose()
+            await self.__aexit__()
             raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._client is not None:
             await self._client.aclose()
+        if self._streams is not None:
+            await self._streams.close()
 
     async def _warm_up(self) -> None:
-        assert self._client is not None
+        assert self._streams is not None
         url = f"{self.endpoint.base_url}/v1/chat/completions"
         for i in range(self.bench.warmup_requests):
             self.say(f"warm-up {i + 1}/{self.bench.warmup_requests}")
@@ -161,7 +169,7 @@ class VariantBench:
                 seed=self.bench.seed,
             )
             rec = await stream_chat(
-                self._client,
+                self._streams,
                 url,
                 payload,
                 index=i,
@@ -173,12 +181,14 @@ class VariantBench:
 
     async def run_trial(self, of: int) -> None:
         """One more trial of every case (cases in order, so drift spreads over all of them)."""
-        assert self._client is not None, "use VariantBench as an async context manager"
+        assert self._client is not None and self._streams is not None, "use VariantBench with async with"
         t = self.done
         for name, case in self.bench.cases.items():
             self.say(f"trial {t + 1}/{of} · {name}")
             self.trials[name].append(
-                await _run_case(self._client, self.endpoint, self.bench, name, case, self.prompts[name], t)
+                await _run_case(
+                    self._client, self._streams, self.endpoint, self.bench, name, case, self.prompts[name], t
+                )
             )
 
     def results(self) -> dict[str, CaseResult]:

@@ -40,6 +40,14 @@ def variant_metrics(result: VariantResult, baseline: VariantResult | None) -> di
         out["startup.ready_s"] = result.ready_s
     for phase, seconds in result.startup_phases.items():
         out[f"startup.{phase}"] = seconds
+    if result.suite is not None:
+        suite = result.suite
+        out["regression.passed"] = float(suite.passed)
+        out["regression.failed"] = float(suite.failed)
+        out["regression.not_run"] = float(suite.not_run)
+        out["regression.regressions"] = float(len(suite.regressions))
+        if suite.equivalence_rate is not None:
+            out["equivalence.rate"] = suite.equivalence_rate
     for case, cr in result.cases.items():
         for metric, s in cr.summary.items():
             out[f"{case}.{metric}.median"] = s.median
@@ -131,6 +139,8 @@ class MlflowSink:
                     self.client.log_batch(run_id, metrics=batch[i : i + 900])
             if result.error:
                 self.client.set_tag(run_id, "specexp.error", result.error[:5000])
+            if result.suite is not None and result.suite.regressions:
+                self.client.set_tag(run_id, "specexp.regressions", ", ".join(result.suite.regressions))
             if any(cr.looping_outputs for cr in result.cases.values()):
                 self.client.set_tag(run_id, "specexp.degenerate_output", "true")
             for case, cr in result.cases.items():

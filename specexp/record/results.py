@@ -92,6 +92,52 @@ class CaseResult(_Model):
     verdict: Verdict | None = None  # the case's main figure against the baseline
 
 
+class SuiteCaseResult(_Model):
+    """One suite case on one variant: the answer, the check's verdict, and against the baseline."""
+
+    name: str
+    check: str  # the check kind
+    passed: bool | None  # None: not run here (a server flag or the code sandbox is missing)
+    reason: str
+    output: str = ""
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    baseline_passed: bool | None = None
+    regression: bool = False  # passes at the baseline, fails here
+    equivalent: bool | None = None  # same output as the baseline (greedy decoding)
+    first_divergence: int | None = None  # first differing position (see divergence_unit)
+    divergence_unit: Literal["token", "char"] = "token"
+
+
+class SuiteResult(_Model):
+    name: str
+    cases: list[SuiteCaseResult]
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return sum(1 for c in self.cases if c.passed)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for c in self.cases if c.passed is False)
+
+    @property
+    def not_run(self) -> int:
+        return sum(1 for c in self.cases if c.passed is None)
+
+    @property
+    def regressions(self) -> list[str]:
+        return [c.name for c in self.cases if c.regression]
+
+    @property
+    def equivalence_rate(self) -> float | None:
+        judged = [c.equivalent for c in self.cases if c.equivalent is not None]
+        return sum(judged) / len(judged) if judged else None
+
+
 class VariantResult(_Model):
     label: str
     variant_hash: str
@@ -103,6 +149,7 @@ class VariantResult(_Model):
     ready_s: float | None = None
     startup_phases: dict[str, float] = Field(default_factory=dict)
     cases: dict[str, CaseResult] = Field(default_factory=dict)
+    suite: SuiteResult | None = None  # functional regression suite, run before the benchmarks
     launch: dict[str, Any] = Field(default_factory=dict)  # redacted LaunchPlan
     wall_s: float | None = None
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from specexp.launch.plan import LaunchPlan, redact_argv, redact_env
 from specexp.launch.validate import ValidationResult
 from specexp.measure.stats import primary_metric
-from specexp.record.results import CaseResult, Summary, VariantResult
+from specexp.record.results import CaseResult, SuiteCaseResult, SuiteResult, Summary, VariantResult
 
 
 def fmt_range(s: Summary | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -104,5 +104,58 @@ def summary_table(results: list[VariantResult]) -> Table:
         "excludes 1, ≈ when it does not (no clear difference); !n: trials flagged as outliers (kept); "
         "spread / Jain: TTFT max − min across streams and Jain's index of per-stream throughput; "
         "accept: acceptance rate / mean length; ⟳: outputs loop, so speed and acceptance are inflated"
+    )
+    return table
+
+
+def describe_suite(suite: SuiteResult) -> str:
+    """One line: passed/failed/not run, regressions by name, equivalence rate."""
+    parts = [f"suite {suite.name}: {suite.passed}/{len(suite.cases)} passed"]
+    if suite.failed:
+        parts.append(f"{suite.failed} failed")
+    if suite.not_run:
+        parts.append(f"{suite.not_run} not run")
+    regs = suite.regressions
+    parts.append(f"{len(regs)} regression(s)" + (f": {', '.join(regs)}" if regs else ""))
+    if suite.equivalence_rate is not None:
+        parts.append(f"greedy-equivalent to the baseline on {suite.equivalence_rate:.0%}")
+    return ", ".join(parts)
+
+
+def _suite_cell(case: SuiteCaseResult) -> str:
+    mark = {True: "[green]✓[/green]", False: "[red]✗[/red]", None: "–"}[case.passed]
+    if case.regression:
+        mark = "[bold red]✗ regression[/bold red]"
+    if case.first_divergence is not None:
+        mark += f" ≠@{case.first_divergence}"
+    return mark
+
+
+def suite_table(results: list[VariantResult]) -> Table:
+    """One row per suite case, one column per variant that ran the suite."""
+    ran = [r for r in results if r.suite is not None]
+    table = Table(
+        title=f"functional suite {ran[0].suite.name if ran and ran[0].suite else ''}", show_lines=False
+    )
+    table.add_column("case")
+    table.add_column("check")
+    for r in ran:
+        table.add_column(r.label)
+    names: list[tuple[str, str]] = []
+    for r in ran:
+        assert r.suite is not None
+        for c in r.suite.cases:
+            if (c.name, c.check) not in names:
+                names.append((c.name, c.check))
+    for name, check in names:
+        cells = []
+        for r in ran:
+            assert r.suite is not None
+            case = next((c for c in r.suite.cases if c.name == name), None)
+            cells.append(_suite_cell(case) if case else "")
+        table.add_row(name, check, *cells)
+    table.caption = (
+        "✓ pass · ✗ fail · – not run here (server flag or sandbox missing) · regression: passes at the "
+        "baseline, fails in the variant · ≠@n: output differs from the baseline's from token n on"
     )
     return table

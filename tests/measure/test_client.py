@@ -3,24 +3,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 
-import httpx
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from specexp.measure.client import chat_payload, stream_chat
-
-
-class Scripted(httpx.AsyncByteStream):
-    """SSE events with real sleeps between them."""
-
-    def __init__(self, events: list[tuple[float, bytes]]) -> None:
-        self.events = events
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for delay, chunk in self.events:
-            await asyncio.sleep(delay)
-            yield chunk
+from specexp.measure.client import chat_payload, session, stream_chat
 
 
 def sse(obj: object) -> bytes:
@@ -35,17 +23,30 @@ USAGE = sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 9
 
 
 def run(events: list[tuple[float, bytes]], status: int = 200):  # type: ignore[no-untyped-def]
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, stream=Scripted(events), headers={"content-type": "text/event-stream"})
+    """Serve the events from a real local HTTP server, with real sleeps between them."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if status != 200:
+            return web.Response(status=status, body=b"".join(c for _, c in events))
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for delay, chunk in events:
+            await asyncio.sleep(delay)
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
 
     async def go():  # type: ignore[no-untyped-def]
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        async with TestServer(app) as server, session(10) as client:
             payload = chat_payload(
                 "m", [{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, seed=0
             )
             return await stream_chat(
                 client,
-                "http://x/v1/chat/completions",
+                str(server.make_url("/v1/chat/completions")),
                 payload,
                 index=0,
                 t0=time.perf_counter(),
@@ -93,7 +94,7 @@ def test_http_error_status_is_recorded() -> None:
 
 def test_connection_failure_is_data_not_an_exception() -> None:
     async def go():  # type: ignore[no-untyped-def]
-        async with httpx.AsyncClient() as client:
+        async with session(2) as client:
             return await stream_chat(
                 client,
                 "http://127.0.0.1:9/v1/chat/completions",
@@ -104,4 +105,4 @@ def test_connection_failure_is_data_not_an_exception() -> None:
             )
 
     rec = asyncio.run(go())
-    assert not rec.ok and rec.index == 3 and "ConnectError" in (rec.error or "")
+    assert not rec.ok and rec.index == 3 and "ClientConnectorError" in (rec.error or "")
