@@ -31,6 +31,7 @@ from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
+from specexp.measure import workload
 from specexp.measure.long_prompt import load_tokenizer
 from specexp.measure.runner import VariantBench, measure, undecided
 from specexp.measure.stats import attach_verdicts, look_confidence
@@ -57,6 +58,7 @@ def _plans(variants: list[Variant], resolve_model: bool) -> list[LaunchPlan]:
 
 def dry_run(variants: list[Variant], console: Console, validate: bool = True) -> list[ValidationResult]:
     """Print every variant's exact argv and env, and what vLLM's own checks say about it."""
+    check_suites(variants)
     plans = _plans(variants, resolve_model=True)
     checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
     console.print(f"{len(plans)} variant(s)", highlight=False)
@@ -95,7 +97,16 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def check_suites(variants: list[Variant]) -> None:
+    """A bad suite case or an unknown workload is a one-line error before anything starts."""
+    for v in variants:
+        parse_cases(v.config.suite.cases, v.config.suite.name)
+        for case in v.config.bench.cases.values():
+            workload.load(case.workload or v.config.bench.workload)
+
+
 def run_sweep(variants: list[Variant], console: Console, *, name: str | None = None) -> SweepOutcome:
+    check_suites(variants)
     first = variants[0].config
     for v in variants:
         if v.config.launcher.kind != "local":
@@ -111,8 +122,6 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
         if not embedded.is_built(model):
             console.print(f"building embedded model {model} (once) …")
             embedded.build(model)
-    for v in variants:  # a bad suite file is an error before any server starts
-        parse_cases(v.config.suite.cases, v.config.suite.name)
     plans = _plans(variants, resolve_model=True)
     console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
     check_or_raise(validate_plans(plans), console)
@@ -184,8 +193,10 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
                 _run_interleaved(runs, done)
             else:
                 for run in runs:
-                    run.execute(by_hash.get(run.variant.baseline_hash or ""))
-                    done(run)
+                    try:
+                        run.execute(by_hash.get(run.variant.baseline_hash or ""))
+                    finally:  # an interrupted variant is in sweep.json too, marked as such
+                        done(run)
     except KeyboardInterrupt:
         status = "KILLED"
         console.print("[red]interrupted: servers stopped, partial results kept and marked[/red]")
@@ -346,7 +357,7 @@ class VariantRun:
             self.result.status, self.result.error = "failed", "aborted"
 
     def finish(self) -> None:
-        self.result.wall_s = round(time.perf_counter() - self._t0, 3)
+        self.result.wall_s = round(time.perf_counter() - self._t0, 3) if self._t0 else 0.0
         atomic_write_json(self.vdir / "result.json", self.result)
         files = ["config.yaml", "launch.json", "server.log", "result.json"]
         if self.result.suite is not None:
@@ -384,10 +395,10 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
     alike instead of on whichever ran last. Adaptive trials add rounds while a case of
     any variant has no clear verdict.
     """
-    for run in runs:
-        run.begin()
     live: list[tuple[VariantRun, Endpoint]] = []
     try:
+        for run in runs:
+            run.begin()
         with contextlib.ExitStack() as stack:
             for run in runs:
                 try:
@@ -414,7 +425,7 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
                 for run, _ in live:
                     run.measured(results[run.variant.hash], baseline_of(run))
     except BaseException as exc:
-        for run, _ in live:
+        for run in runs:  # measurement is joint: no variant still "ok" got to finish it
             if run.result.status == "ok":
                 run.fail(exc)
         raise

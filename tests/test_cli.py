@@ -9,7 +9,7 @@ from tests.launch.test_plan import SEED_ENV, SEED_FLAGS
 def test_help_lists_the_subcommands(workdir: Path) -> None:
     out = run_cli(["--help"], workdir)
     assert out.returncode == 0
-    for cmd in ("sweep", "show", "model", "ui"):
+    for cmd in ("sweep", "show", "model", "ui", "suite"):
         assert cmd in out.stdout
 
 
@@ -75,3 +75,34 @@ def test_bad_speculative_key_is_a_dry_run_error(workdir: Path) -> None:
     out = run_cli(["sweep", "spec.depth=3", "+spec.extra.bogus_key=1", "--dry-run"], workdir, timeout=300)
     assert out.returncode == 2
     assert "unknown key(s) ['bogus_key']" in out.stdout + out.stderr
+
+
+def test_suite_show_lists_the_cases_and_their_check_kinds(workdir: Path) -> None:
+    out = run_cli(["suite", "show"], workdir)
+    assert out.returncode == 0, out.stderr
+    assert "suite regression17: 17 case(s)" in out.stdout
+    for kind in ("exact", "regex", "json_schema", "tool_call", "code", "numeric"):
+        assert kind in out.stdout
+    assert "--enable-auto-tool-choice" in out.stdout
+    bad = run_cli(["suite", "show", "nope"], workdir)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "Available options in 'suite': none, regression17" in bad.stderr
+
+
+def test_a_bad_suite_case_is_one_line_before_anything_starts(workdir: Path) -> None:
+    out = run_cli(["sweep", "spec.depth=3", "suite.cases.reply_ok.check.kind=fuzzy"], workdir)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("specexp: error: suite regression17, case reply_ok: check.kind")
+    assert list(workdir.iterdir()) == []
+
+
+def test_an_unknown_workload_slice_is_one_line_before_anything_starts(workdir: Path) -> None:
+    out = run_cli(["sweep", "spec.depth=3", "bench=slices", "bench.cases.todo.workload=chores"], workdir)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "specexp: error: bench.workload: unknown workload 'chores'; "
+        "known: coding_conflict, copy_edit, portfolio, smart_home, todo"
+    )
+    assert list(workdir.iterdir()) == []

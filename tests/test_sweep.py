@@ -9,7 +9,7 @@ from tests.launch.test_local import alive, fake_plan, worker_pid
 
 
 def test_a_server_error_mid_measurement_fails_the_variant_not_the_sweep(tmp_path: Path) -> None:
-    (variant,) = plan_sweep(["spec=none", "bench.warmup_requests=0"], with_baseline=False)
+    (variant,) = plan_sweep(["spec=none", "suite=none", "bench.warmup_requests=0"], with_baseline=False)
     plan = fake_plan("metrics500")
     messages: list[str] = []
     run = VariantRun(variant, plan, tmp_path / "v", None, messages.append)
@@ -58,6 +58,7 @@ def test_interleaved_sweep_takes_one_trial_of_each_variant_per_round(tmp_path: P
             "spec=ngram",
             "bench.trials=3",
             "bench.order=interleaved",
+            "suite=none",
             "bench.warmup_requests=0",
             "bench.cases.single.num_prompts=1",
             "bench.cases.concurrent4.num_prompts=4",
@@ -93,6 +94,7 @@ def test_interleaved_sweep_goes_on_when_one_server_fails_to_start(tmp_path: Path
             "spec=ngram",
             "bench.trials=1",
             "bench.order=interleaved",
+            "suite=none",
             "bench.warmup_requests=0",
             "bench.cases.single.num_prompts=1",
             "bench.cases.concurrent4.num_prompts=4",
@@ -106,3 +108,34 @@ def test_interleaved_sweep_goes_on_when_one_server_fails_to_start(tmp_path: Path
     assert runs[0].result.status == "ok" and len(runs[0].result.cases["single"].trials) == 1
     assert runs[1].result.status == "failed" and "KV cache" in (runs[1].result.error or "")
     assert json.loads((tmp_path / "1" / "result.json").read_text())["status"] == "failed"
+
+
+def test_fail_fast_stops_a_regressing_variant_before_its_benchmarks(tmp_path: Path) -> None:
+    overrides = [
+        "spec=ngram",
+        "bench.trials=1",
+        "bench.warmup_requests=0",
+        "bench.cases.single.num_prompts=1",
+        "bench.cases.concurrent4.num_prompts=4",
+        "suite.fail_fast=true",
+    ]
+    base_v, spec_v = plan_sweep(overrides)
+    for v in (base_v, spec_v):  # a one-case suite (Hydra cannot replace a typed dict from the CLI)
+        v.config.suite.cases = {
+            "capital": {
+                "messages": [{"role": "user", "content": "capital?"}],
+                "check": {"kind": "exact", "expected": "Paris"},
+            }
+        }
+    base = VariantRun(base_v, fake_plan("serve"), tmp_path / "0", None, lambda _m: None)
+    base.execute(None)
+    assert base.result.status == "ok" and base.result.suite is not None and base.result.suite.passed == 1
+    spec = VariantRun(spec_v, fake_plan("serve-wrong"), tmp_path / "1", None, lambda _m: None)
+    spec.execute(base.result)
+    assert spec.result.status == "failed" and spec.result.cases == {}
+    assert spec.result.error == (
+        "suite regression17: 1 regression(s) (capital); benchmarks skipped (suite.fail_fast=true)"
+    )
+    saved = json.loads((tmp_path / "1" / "suite.json").read_text())
+    assert saved["cases"][0]["regression"] is True and saved["cases"][0]["output"] == "Lyon"
+    assert saved["cases"][0]["first_divergence"] == 0

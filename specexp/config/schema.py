@@ -141,6 +141,8 @@ class CaseConfig:
     # Exact prompt length in tokens (chat template included), built with the model's
     # tokenizer from realistic text; null = the workload's own prompts.
     prompt_tokens: int | None = None
+    # This case's prompt set (a workload slice, e.g. smart_home); null = bench.workload
+    workload: str | None = None
     # Always generate max_tokens (vLLM's ignore_eos). Only for matching another tool's
     # fixed-length grid: a small model then loops, and the degenerate-output guard says so.
     ignore_eos: bool = False

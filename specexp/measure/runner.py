@@ -42,7 +42,7 @@ def _case_prompts(
 ) -> list[workload.Messages]:
     """A case's prompts: the same in every trial, so they are built once per case."""
     if case.prompt_tokens is None:
-        return workload.prompts_for(bench.workload, case_index, case.num_prompts, bench.seed)
+        return workload.prompts_for(case.workload or bench.workload, case_index, case.num_prompts, bench.seed)
     if endpoint.tokenizer is None:
         raise ConfigError(
             f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"

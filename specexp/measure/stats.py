@@ -88,7 +88,7 @@ def _trim(n: int, m: int, confidence: float) -> int:
     counts = _rank_sum_counts(n, m)
     total, acc, k = sum(counts), 0, 0
     for c in counts:
-        if (acc + c) / total > (1 - confidence) / 2:
+        if (acc + c) / total > (1 - confidence) / 2 + 1e-12:  # 1/20 is exactly 5 %: keep it
             break
         acc += c
         k += 1

@@ -63,6 +63,19 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     )
     assert len(bench) == 2 and bench[0]["completed"] == 12 and bench[0]["max_concurrency"] == 4
     assert 0 < bench[0]["spec_decode_acceptance_rate"] <= 100 and bench[0]["output_throughput"] > 0
+    # the functional suite ran on both, before the benchmarks; the variant is judged against the baseline
+    for v in (base, k3):
+        cases = {c["name"]: c for c in v["suite"]["cases"]}
+        assert len(cases) == 17
+        assert cases["tool_call_weather"]["passed"] is None  # the server has no tool parser: not run
+        assert cases["code_add_function"]["passed"] is not None  # the sandbox exists here
+        assert all(c["output"] or c["passed"] is None for c in cases.values())
+    k3_cases = k3["suite"]["cases"]
+    judged = [c for c in k3_cases if c["equivalent"] is not None]
+    assert len(judged) == 16 and all(c["divergence_unit"] == "token" for c in judged)
+    for c in k3_cases:
+        assert c["regression"] == (c["baseline_passed"] is True and c["passed"] is False)
+    assert "functional suite regression17" in out.stdout
     # the server log of each variant is kept
     logs = sorted((workdir / "results" / "e2e").glob("*/server.log"))
     assert len(logs) == 2 and "Application startup complete" in logs[0].read_text()
@@ -81,8 +94,12 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     k3_run = next(r for r in children if r.data.tags["specexp.label"] == "ngram-k3")
     assert k3_run.data.metrics["concurrent4.acceptance_rate.median"] > 0
     assert "single.decode_tok_s.vs_baseline" in k3_run.data.metrics
+    assert k3_run.data.metrics["regression.passed"] == sum(1 for c in k3_cases if c["passed"])
+    assert k3_run.data.metrics["regression.regressions"] == sum(1 for c in k3_cases if c["regression"])
+    assert 0 <= k3_run.data.metrics["equivalence.rate"] <= 1
     names = {a.path for a in client.list_artifacts(k3_run.info.run_id)}
-    assert {"config.yaml", "launch.json", "server.log", "result.json"} <= names
+    expected = {"config.yaml", "launch.json", "server.log", "result.json", "suite.json", "requests.jsonl"}
+    assert expected <= names
 
 
 def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:

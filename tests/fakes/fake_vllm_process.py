@@ -1,10 +1,12 @@
 """A stand-in for ``vllm serve`` with real process behaviour: startup log lines, a forked
 worker in the same process group, /health, and scripted faults.
 
-usage: fake_vllm_process.py MODE PORT   (MODE: ok | crash | hang | stubborn | metrics500 | serve)
+usage: fake_vllm_process.py MODE PORT
+  MODE: ok | crash | hang | stubborn | metrics500 | serve | serve-wrong
 
 ``serve`` also answers chat completions (a short SSE stream, each request logged with
-its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it.
+its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it;
+non-streamed requests get "Paris" (``serve-wrong``: "Lyon").
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Health(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        if mode == "serve" and self.path == "/metrics":
+        if mode.startswith("serve") and self.path == "/metrics":
             body = b"# no spec decode counters\n"
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -44,8 +46,22 @@ class Health(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        if mode != "serve" or self.path not in ("/v1/chat/completions", "/reset_prefix_cache"):
+        request = json.loads(self.rfile.read(length) or b"{}")
+        if mode.startswith("serve") and self.path == "/v1/chat/completions" and not request.get("stream"):
+            answer = "Lyon" if mode == "serve-wrong" else "Paris"  # a non-streamed (suite) request
+            raw = json.dumps(
+                {
+                    "choices": [{"message": {"content": answer}, "finish_reason": "stop"}],
+                    "usage": {"completion_tokens": 1},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return
+        if not mode.startswith("serve") or self.path not in ("/v1/chat/completions", "/reset_prefix_cache"):
             self._empty(404)
             return
         if self.path == "/reset_prefix_cache":

@@ -6,7 +6,7 @@ import pytest
 
 from specexp.assets import embedded
 from specexp.errors import ConfigError
-from specexp.measure.long_prompt import _count, _tokenizer, exact_prompt
+from specexp.measure.long_prompt import _count, exact_prompt, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def tokenizer_dir() -> str:
 def test_prompts_are_exactly_n_tokens_with_the_chat_template(tokenizer_dir: str, n: int) -> None:
     for index in range(4):
         (msg,) = exact_prompt(tokenizer_dir, n, index)
-        assert _count(_tokenizer(tokenizer_dir), msg["content"]) == n
+        assert _count(load_tokenizer(tokenizer_dir), msg["content"]) == n
 
 
 def test_concurrent_prompts_start_differently(tokenizer_dir: str) -> None:
