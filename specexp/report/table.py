@@ -100,8 +100,9 @@ def summary_table(results: list[VariantResult]) -> Table:
             )
     table.caption = (
         "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
-        "×n: ratio of medians to the no-speculation baseline, ▲/▼ when its 95 % bootstrap interval "
-        "excludes 1, ≈ when it does not (no clear difference); !n: trials flagged as outliers (kept); "
+        "×n: ratio to the no-speculation baseline (median pairwise ratio of trials), ▲/▼ when its "
+        "exact 95 % rank interval excludes 1, ≈ when it does not (no clear difference: take the simpler "
+        "config), ? when too few trials for any interval; !n: trials flagged as outliers (kept); "
         "spread / Jain: TTFT max − min across streams and Jain's index of per-stream throughput; "
         "accept: acceptance rate / mean length; ⟳: outputs loop, so speed and acceptance are inflated"
     )

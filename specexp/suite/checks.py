@@ -104,10 +104,11 @@ def check_code(spec: CheckSpec, text: str, timeout_s: float) -> Outcome:
 
 
 def check_numeric(spec: CheckSpec, text: str) -> Outcome:
-    m = _NUMBER.search(text)
-    if m is None:
+    """The last number in the answer (as GSM8K-style graders do): "17 + 25 = 42" is 42."""
+    found = _NUMBER.findall(text)
+    if not found:
         return False, f"no number in {_short(text)!r}"
-    got = float(m.group(0).replace(",", ""))
+    got = float(found[-1].replace(",", ""))
     assert spec.value is not None
     ok = abs(got - spec.value) <= spec.tolerance
     return ok, f"{got:g} {'=' if ok else '≠'} {spec.value:g}" + (

@@ -33,7 +33,9 @@ def test_regex_is_searched_across_lines() -> None:
     assert check("Sure!\n- red\n- green\n- blue", kind="regex", pattern=pattern)[0] is False
 
 
-def test_numeric_takes_the_first_number_with_tolerance() -> None:
+def test_numeric_takes_the_last_number_with_tolerance() -> None:
+    assert check("17 + 25 = 42", kind="numeric", value=42)[0] is True
+    assert check("17 + 25 = 32", kind="numeric", value=42)[0] is False
     assert check("There are 3 r's.", kind="numeric", value=3)[0] is True
     assert check("1,024 tokens", kind="numeric", value=1024)[0] is True
     assert check("about 3.14", kind="numeric", value=3.1416, tolerance=0.01)[0] is True
