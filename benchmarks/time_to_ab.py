@@ -18,9 +18,9 @@ peer's wall time with equal or tighter intervals.
 
     python benchmarks/time_to_ab.py            # the full grid, ~13 minutes on 2 cores
     python benchmarks/time_to_ab.py --analyze /tmp/specexp-time-to-ab-…   # reprint a run
-    python benchmarks/time_to_ab.py --quick    # one server: per-run cost of 2 runs each
+    python benchmarks/time_to_ab.py --quick    # one server: one measured run by each tool
 
-``--quick`` starts one server and times two measured runs (2 prompts, 24 tokens) by each
+``--quick`` starts one server and times one measured run (2 prompts, 24 tokens) by each
 tool against it: in-process trials against a fresh ``vllm bench serve`` process per run.
 The last line is the headline.
 """
@@ -241,7 +241,7 @@ def quick() -> None:
         [
             "spec=none",
             "bench=ab_grid",
-            "bench.trials=2",
+            "bench.trials=1",
             "bench.cases.c1.num_prompts=2",
             "bench.cases.c1.max_tokens=24",
             "bench.cases.c4.num_prompts=1",
@@ -260,15 +260,14 @@ def quick() -> None:
 
             async def ours() -> list[float]:
                 async with VariantBench(endpoint, bench) as vb:
-                    for _ in range(2):
-                        await vb.run_trial(2)
+                    await vb.run_trial(1)
                 return [t.duration_s for t in vb.trials["c1"]]
 
             t0 = time.perf_counter()
             durations = asyncio.run(ours())
             s_wall = time.perf_counter() - t0
             p_meas, t0 = 0.0, time.perf_counter()
-            for run in range(2):
+            for run in range(1):
                 out = tmp / f"run={run}.json"
                 subprocess.run(
                     [str(vllm), "bench", "serve", *bench_args(plan, 2, 24), "--max-concurrency", "1",
@@ -279,19 +278,19 @@ def quick() -> None:
             p_wall = time.perf_counter() - t0
     s_meas = sum(durations)
     print(
-        f"specexp: 2 runs in {s_wall:.1f}s, {s_meas:.1f}s measuring ({s_meas / s_wall:.0%}), warm-up included"
+        f"specexp: 1 run in {s_wall:.1f}s, {s_meas:.1f}s measuring ({s_meas / s_wall:.0%}), warm-up included"
     )
-    print(f"vllm bench serve: 2 runs in {p_wall:.1f}s, {p_meas:.1f}s measuring ({p_meas / p_wall:.0%})")
+    print(f"vllm bench serve: 1 run in {p_wall:.1f}s, {p_meas:.1f}s measuring ({p_meas / p_wall:.0%})")
     print(
-        f"headline: per-run cost on one server: specexp {s_wall / 2:.1f}s vs "
-        f"vllm bench serve {p_wall / 2:.1f}s = {s_wall / p_wall:.2f}x "
+        f"headline: one measured run on one server: specexp {s_wall:.1f}s vs "
+        f"vllm bench serve {p_wall:.1f}s = {s_wall / p_wall:.2f}x "
         f"(median run {statistics.median(durations):.1f}s)"
     )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one server, two runs per tool")
+    ap.add_argument("--quick", action="store_true", help="one server, one measured run per tool")
     ap.add_argument("--out", type=Path, help="folder for both tools' results (default: a new one in /tmp)")
     ap.add_argument("--analyze", type=Path, help="print the comparison from an earlier run's folder")
     args = ap.parse_args()
