@@ -455,10 +455,7 @@ async def _measure_round_robin(live: list[tuple[VariantRun, Endpoint]]) -> dict[
             for run, vb in benches:
                 base = by_hash.get(run.variant.baseline_hash or "")
                 if base is not None:
-                    ref = VariantResult(
-                        label="", variant_hash="", is_baseline=True, overrides=[], cases=base.results()
-                    )
-                    pending = pending or bool(undecided(vb.results(), ref, confidence))
+                    pending = pending or bool(undecided(vb.results(), base.results(), confidence))
             if not pending:
                 break
             target = min(bench.max_trials, target + bench.trials)

@@ -25,7 +25,7 @@ from specexp.measure import prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
 from specexp.measure.long_prompt import exact_prompt
-from specexp.measure.stats import attach_verdicts, look_confidence, summarize, trial_metrics
+from specexp.measure.stats import case_verdict, look_confidence, summarize, trial_metrics
 from specexp.record.results import (
     AcceptanceRecord,
     CaseResult,
@@ -212,17 +212,17 @@ def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseRe
     )
 
 
-def undecided(cases: dict[str, CaseResult], baseline: VariantResult | None, confidence: float) -> list[str]:
-    """Cases whose main figure has no clear verdict against the baseline yet."""
-    if baseline is None:
-        return []
-    probe = VariantResult(label="", variant_hash="", is_baseline=False, overrides=[], cases=cases)
-    attach_verdicts(probe, baseline, confidence)
-    return [
-        n
-        for n, c in probe.cases.items()
-        if c.verdict is not None and c.verdict.verdict == "no clear difference"
-    ]
+def undecided(
+    cases: dict[str, CaseResult], baseline: dict[str, CaseResult] | None, confidence: float
+) -> list[str]:
+    """Cases whose main figure has no clear verdict against the baseline's cases yet."""
+    out = []
+    for name, case in cases.items():
+        base = (baseline or {}).get(name)
+        verdict = case_verdict(case, base, confidence) if base is not None else None
+        if verdict is not None and verdict.verdict == "no clear difference":
+            out.append(name)
+    return out
 
 
 async def measure(
@@ -241,7 +241,7 @@ async def measure(
             if (
                 vb.done == target
                 and target < bench.max_trials
-                and undecided(vb.results(), baseline, confidence)
+                and undecided(vb.results(), baseline.cases if baseline else None, confidence)
             ):
                 target = min(bench.max_trials, target + bench.trials)
         return vb.results()

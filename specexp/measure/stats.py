@@ -207,9 +207,13 @@ def attach_verdicts(result: VariantResult, baseline: VariantResult | None, confi
         return
     for name, case in result.cases.items():
         base = baseline.cases.get(name)
-        if base is None:
-            continue
-        key = primary_metric(case)
-        b = [t.metrics[key] for t in base.trials if key in t.metrics]
-        v = [t.metrics[key] for t in case.trials if key in t.metrics]
-        case.verdict = compare(key, b, v, confidence=confidence)
+        if base is not None:
+            case.verdict = case_verdict(case, base, confidence)
+
+
+def case_verdict(case: CaseResult, base: CaseResult, confidence: float = 0.95) -> Verdict | None:
+    """A case's main figure against the same case of the baseline, trial by trial."""
+    key = primary_metric(case)
+    b = [t.metrics[key] for t in base.trials if key in t.metrics]
+    v = [t.metrics[key] for t in case.trials if key in t.metrics]
+    return compare(key, b, v, confidence=confidence)
