@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -107,7 +109,6 @@ def check_suites(variants: list[Variant]) -> None:
 
 def run_sweep(variants: list[Variant], console: Console, *, name: str | None = None) -> SweepOutcome:
     check_suites(variants)
-    first = variants[0].config
     for v in variants:
         if v.config.launcher.kind != "local":
             raise ConfigError(
@@ -123,9 +124,59 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
             console.print(f"building embedded model {model} (once) …")
             embedded.build(model)
     plans = _plans(variants, resolve_model=True)
-    console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
-    check_or_raise(validate_plans(plans), console)
+    early = _start_early(variants[0], plans[0])
+    try:
+        with _sigterm_as_interrupt():
+            console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
+            check_or_raise(validate_plans(plans), console)
+        return _run_validated(variants, plans, console, name, early)
+    finally:
+        if early is not None:  # a no-op when its variant stopped it; the only stop on bad input
+            early.launcher.stop()
+            early.discard_log()
 
+
+@dataclass
+class _Early:
+    """The first variant's server, started before validation so the two overlap.
+
+    Validation imports vLLM in its own process (10-20 s); so does the server. Started
+    together they cost one wait instead of two. The log goes to a temporary file until the
+    variant's folder exists; on bad input the server is stopped and the file removed, so
+    nothing is left behind.
+    """
+
+    launcher: LocalLauncher
+    temp_log: Path
+
+    def discard_log(self) -> None:
+        if self.launcher.log_path == self.temp_log:
+            self.temp_log.unlink(missing_ok=True)
+
+
+def _start_early(variant: Variant, plan: LaunchPlan) -> _Early | None:
+    if plan.kind != "local" or not check_checkpoint(variant, plan.model_path, allow_fix=False).ok:
+        return None  # a failing preflight is reported by the variant's own launch
+    fd, name = tempfile.mkstemp(prefix="specexp-server-", suffix=".log")
+    os.close(fd)
+    launcher = LocalLauncher(
+        plan,
+        Path(name),
+        ready_timeout_s=variant.config.launcher.ready_timeout_s,
+        stop_timeout_s=variant.config.launcher.stop_timeout_s,
+    )
+    try:
+        launcher.start()
+    except LaunchError:  # the variant's own launch tries again and records the failure
+        Path(name).unlink(missing_ok=True)
+        return None
+    return _Early(launcher, Path(name))
+
+
+def _run_validated(
+    variants: list[Variant], plans: list[LaunchPlan], console: Console, name: str | None, early: _Early | None
+) -> SweepOutcome:
+    first = variants[0].config
     started = datetime.now(UTC)
     sweep_name = name or first.sweep.name or f"sweep-{started:%Y%m%d-%H%M%S}"
     base = Path(first.sweep.results_dir)
@@ -174,6 +225,7 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
                     functools.partial(
                         _describe, progress, overall, f"[{i + 1}/{len(variants)}] {variant.label}"
                     ),
+                    early.launcher if early is not None and i == 0 else None,
                 )
                 for i, (variant, plan) in enumerate(zip(variants, plans, strict=True))
             ]
@@ -251,8 +303,10 @@ class VariantRun:
         vdir: Path,
         sink: MlflowSink | None,
         say: Callable[[str], None],
+        started: LocalLauncher | None = None,
     ) -> None:
         self.variant, self.plan, self.vdir, self.sink, self.say = variant, plan, vdir, sink, say
+        self.started = started  # this variant's server, already started (during validation)
         self.result = VariantResult(
             label=variant.label,
             variant_hash=variant.hash,
@@ -285,14 +339,22 @@ class VariantRun:
                 )
             if not pre.ok:
                 raise LaunchError(pre.message)
-        self.launcher = stack.enter_context(
-            LocalLauncher(
-                self.plan,
-                self.vdir / "server.log",
-                ready_timeout_s=cfg.launcher.ready_timeout_s,
-                stop_timeout_s=cfg.launcher.stop_timeout_s,
+        if self.started is not None:
+            self.launcher = self.started
+            stack.callback(self.launcher.stop)
+            self.launcher.move_log(self.vdir / "server.log")
+            self.result.notes.append(
+                "server started while vLLM validated the sweep; its ready time overlaps that"
             )
-        )
+        else:
+            self.launcher = stack.enter_context(
+                LocalLauncher(
+                    self.plan,
+                    self.vdir / "server.log",
+                    ready_timeout_s=cfg.launcher.ready_timeout_s,
+                    stop_timeout_s=cfg.launcher.stop_timeout_s,
+                )
+            )
         self.say("starting vllm serve")
         endpoint = self.launcher.wait_ready()
         self.result.ready_s = self.launcher.startup.ready_s

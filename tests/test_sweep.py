@@ -1,9 +1,18 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
+import pytest
+from rich.console import Console
+
+from specexp import sweep
 from specexp.config.compose import plan_sweep
+from specexp.errors import ValidationFailed
+from specexp.launch.plan import LaunchPlan
+from specexp.launch.validate import ValidationResult
 from specexp.sweep import VariantRun
 from tests.launch.test_local import alive, fake_plan, worker_pid
 
@@ -139,3 +148,72 @@ def test_fail_fast_stops_a_regressing_variant_before_its_benchmarks(tmp_path: Pa
     saved = json.loads((tmp_path / "1" / "suite.json").read_text())
     assert saved["cases"][0]["regression"] is True and saved["cases"][0]["output"] == "Lyon"
     assert saved["cases"][0]["first_divergence"] == 0
+
+
+def _quiet() -> Console:
+    return Console(file=open(os.devnull, "w"))  # noqa: SIM115
+
+
+def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = workdir / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    plan = fake_plan("serve")
+    monkeypatch.setattr(sweep, "_plans", lambda variants, resolve_model: [plan])
+    seen: dict[str, int] = {}
+
+    def validate(plans: list[LaunchPlan]) -> list[ValidationResult]:
+        (log,) = temp.glob("specexp-server-*.log")  # the server is already starting
+        seen["worker"] = worker_pid(log)
+        return [ValidationResult(plans[0].label, True)]
+
+    monkeypatch.setattr(sweep, "validate_plans", validate)
+    (variant,) = plan_sweep(
+        [
+            "spec=none",
+            "suite=none",
+            "tracking=none",
+            "bench.trials=1",
+            "bench.warmup_requests=0",
+            "bench.cases.single.num_prompts=1",
+            "bench.cases.concurrent4.num_prompts=4",
+        ],
+        with_baseline=False,
+    )
+    outcome = sweep.run_sweep([variant], _quiet(), name="early")
+    result = outcome.result.variants[0]
+    assert result.status == "ok", result.error
+    assert any("started while vLLM validated" in n for n in result.notes)
+    (vdir,) = [p for p in outcome.directory.iterdir() if p.is_dir() and p.name != "vllm-bench"]
+    log = (vdir / "server.log").read_text()
+    # one log from the first line to the shutdown, though it began before the folder existed
+    assert log.startswith(f"WORKER_PID={seen['worker']}\n") and "Application startup complete" in log
+    assert "REQUEST" in log  # lines written after the move land in the same file
+    assert not alive(seen["worker"])
+    assert list(temp.iterdir()) == []
+
+
+def test_a_sweep_rejected_by_validation_stops_the_early_server_and_leaves_nothing(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = workdir / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    plan = fake_plan("serve")
+    monkeypatch.setattr(sweep, "_plans", lambda variants, resolve_model: [plan])
+    seen: dict[str, int] = {}
+
+    def reject(plans: list[LaunchPlan]) -> list[ValidationResult]:
+        (log,) = temp.glob("specexp-server-*.log")
+        seen["worker"] = worker_pid(log)
+        return [ValidationResult(plans[0].label, False, error="unrecognized arguments: --bogus")]
+
+    monkeypatch.setattr(sweep, "validate_plans", reject)
+    (variant,) = plan_sweep(["spec=none", "suite=none"], with_baseline=False)
+    with pytest.raises(ValidationFailed, match="--bogus"):
+        sweep.run_sweep([variant], _quiet(), name="bad")
+    assert not alive(seen["worker"])
+    assert sorted(p.name for p in workdir.iterdir()) == ["tmp"]  # no results, no mlflow.db
+    assert list(temp.iterdir()) == []

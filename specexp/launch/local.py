@@ -98,12 +98,16 @@ class LocalLauncher:
         self._marks: dict[str, float] = {}
         self._tail: collections.deque[str] = collections.deque(maxlen=60)
         self._reader: threading.Thread | None = None
+        self._log: IO[str] | None = None
+        self._log_lock = threading.Lock()
+        self._stopped = False
         self._rpc_dir: Path | None = None
         self.substitutions: list[str] = []  # log lines where the server overrode the request
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the reader
         node = self.plan.head
         # vLLM leaves its ZMQ IPC sockets in $VLLM_RPC_BASE_PATH (default /tmp); give each
         # launch its own folder and remove it on stop, so no run litters the machine.
@@ -122,6 +126,7 @@ class LocalLauncher:
             )
         except OSError as exc:
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._log.close()
             raise LaunchError(f"cannot start {node.argv[0]}: {exc.strerror or exc}") from None
         self._pgid = self._proc.pid  # start_new_session: the child leads its own group
         assert self._proc.stdout is not None
@@ -131,11 +136,13 @@ class LocalLauncher:
         self._reader.start()
 
     def _pump(self, stream: IO[bytes]) -> None:
-        with open(self.log_path, "w", encoding="utf-8") as log:
+        try:
             for raw in iter(stream.readline, b""):
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
-                log.write(line + "\n")
-                log.flush()
+                with self._log_lock:
+                    assert self._log is not None
+                    self._log.write(line + "\n")
+                    self._log.flush()
                 self._tail.append(line)
                 now = time.perf_counter() - self._t0
                 for name, pattern in PHASE_MARKERS:
@@ -145,6 +152,23 @@ class LocalLauncher:
                     m = pattern.search(line)
                     if m and m.group(0) not in self.substitutions:
                         self.substitutions.append(m.group(0))
+        finally:
+            with self._log_lock:
+                if self._log is not None:
+                    self._log.close()
+
+    def move_log(self, path: Path) -> None:
+        """Go on logging into ``path``, with what was logged so far: a server started before
+        its variant's folder existed (during validation) keeps one complete log."""
+        with self._log_lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self._log is not None and not self._log.closed:
+                self._log.close()
+                shutil.move(self.log_path, path)
+                self._log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the reader
+            else:
+                shutil.move(self.log_path, path)
+            self.log_path = path
 
     def wait_ready(self) -> Endpoint:
         if self._proc is None:
@@ -200,9 +224,12 @@ class LocalLauncher:
                 os.killpg(self._pgid, sig)
 
     def stop(self) -> None:
-        """Stop every process of the group (also after a crash: workers may outlive the parent)."""
-        if self._proc is None:
+        """Stop every process of the group (also after a crash: workers may outlive the parent).
+
+        Once only: a second call must not signal a process group id the system may have reused."""
+        if self._proc is None or self._stopped:
             return
+        self._stopped = True
         self._signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
         while time.monotonic() < deadline:
