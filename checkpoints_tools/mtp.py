@@ -25,11 +25,15 @@ def mtp_prefixes(names: Iterable[str], num_hidden_layers: int | None, num_mtp_la
         wanted = {
             f"{parent}{num_hidden_layers + i}" for parent in LAYER_PARENTS for i in range(num_mtp_layers)
         }
+        probes = tuple(w + "." for w in wanted)
         for name in names:
-            for w in wanted:
-                if name == w or name.startswith(w + "."):
-                    found[w] = None
+            if name in wanted or name.startswith(probes):  # one C call per name
+                for w in wanted:
+                    if name == w or name.startswith(w + "."):
+                        found[w] = None
     for name in names:
+        if not name.startswith(NAMED_MTP_ROOTS):
+            continue
         for root in NAMED_MTP_ROOTS:
             if name.startswith(root):
                 if root == "mtp.":

@@ -76,12 +76,14 @@ def scan(model_dir: Path) -> ScanReport:
     fmt = qc.format
     patterns = qc.lists[0].patterns  # the list vLLM reads; the others are kept in step by `fix`
     linear = {n: m for n, m in mods.items() if m.linear}
-    for name, m in sorted(linear.items()):
-        ignored = matching.is_ignored(fmt, name, patterns)
+    is_ignored = matching.ignore_matcher(fmt, patterns)
+    for name, m in linear.items():
+        ignored = is_ignored(name)
         if not m.quantized and not ignored and not _forced_unquantized(fmt, name):
             report.problems.append(Problem(name, UNQUANTIZED, m.storage, mtp.owner(name, layers)))
         elif m.quantized and ignored:
             report.problems.append(Problem(name, OVER_IGNORED, m.storage, mtp.owner(name, layers)))
+    report.problems.sort(key=lambda p: p.module)
     report.fix_patterns, report.fixed_modules = _fix_patterns(fmt, report.problems, linear, layers, patterns)
     return report
 

@@ -151,7 +151,7 @@ def test_fail_fast_stops_a_regressing_variant_before_its_benchmarks(tmp_path: Pa
 
 
 def _quiet() -> Console:
-    return Console(file=open(os.devnull, "w"))  # noqa: SIM115
+    return Console(file=open(os.devnull, "w"))
 
 
 def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(

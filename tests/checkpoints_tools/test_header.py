@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from safetensors import safe_open
 
-from checkpoints_tools.header import HeaderError, read_checkpoint, read_header
+from checkpoints_tools.header import DTYPE_BITS, Dtype, HeaderError, read_checkpoint, read_header
 from checkpoints_tools.synthetic import glm_like, write_safetensors
 
 
@@ -44,6 +45,10 @@ def _entry(offsets: list[int], dtype: str = "U8", shape: list[int] | None = None
     return {"dtype": dtype, "shape": shape or [offsets[1] - offsets[0]], "data_offsets": offsets}
 
 
+def _json(header: object):  # type: ignore[no-untyped-def]
+    return lambda p: raw_file(p, json.dumps(header).encode())
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -70,7 +75,24 @@ def _entry(offsets: list[int], dtype: str = "U8", shape: list[int] | None = None
             lambda p: raw_file(p, json.dumps({"w": _entry([8, 4], "U8", [4])}).encode()),
             "invalid data_offsets",
         ),
-        (lambda p: raw_file(p, json.dumps({"__metadata__": {"a": 1}}).encode()), "__metadata__"),
+        (lambda p: raw_file(p, json.dumps({"__metadata__": {"a": 1}}).encode()), "__metadata__ must map"),
+        (lambda p: raw_file(p, b'{"w": 7}'), "'w' entry is not an object"),
+        (lambda p: raw_file(p, json.dumps({"w": _entry([0, 4], "U8", [-4])}).encode()), "invalid shape"),
+        (lambda p: raw_file(p, json.dumps({"w": _entry([0, 4], "U8", ["4"])}).encode()), "invalid shape"),  # type: ignore[list-item]
+        (
+            lambda p: raw_file(p, json.dumps({"w": {"dtype": "U8", "data_offsets": [0, 0]}}).encode()),
+            "invalid shape None",
+        ),
+        (
+            lambda p: raw_file(p, json.dumps({"w": {"dtype": "U8", "shape": [0]}}).encode()),
+            "invalid data_offsets None",
+        ),
+        (
+            lambda p: raw_file(p, json.dumps({"w": {**_entry([0, 0]), "data_offsets": [0, 0, 0]}}).encode()),
+            "invalid data_offsets",
+        ),
+        (lambda p: raw_file(p, b"[1, 2]"), "does not start with"),
+        (lambda p: raw_file(p, b'{"w": {"dtype": "U8"}} x'), "not valid JSON"),
     ],
 )
 def test_adversarial_headers_are_clear_errors(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -81,6 +103,10 @@ def test_adversarial_headers_are_clear_errors(tmp_path: Path, make, message: str
         read_header(p)
     assert "bad.safetensors" in str(info.value) and "\n" not in str(info.value)
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_the_typed_dtypes_are_the_known_dtypes() -> None:
+    assert set(get_args(Dtype)) == set(DTYPE_BITS)
 
 
 def test_index_pointing_at_a_missing_shard(tmp_path: Path) -> None:
@@ -97,4 +123,14 @@ def test_index_naming_a_tensor_the_shard_lacks(tmp_path: Path) -> None:
     doc["weight_map"]["model.layers.99.ghost.weight"] = "model-00001-of-00002.safetensors"
     index.write_text(json.dumps(doc))
     with pytest.raises(HeaderError, match="ghost"):
+        read_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "index", [b"[]", b'{"weight_map": {"a": 1}}', b'{"weight_map": ["x"]}', b"{", b'{"other": {}}']
+)
+def test_an_invalid_index_is_one_clear_error(tmp_path: Path, index: bytes) -> None:
+    glm_like(tmp_path, shards=2)
+    (tmp_path / "model.safetensors.index.json").write_bytes(index)
+    with pytest.raises(HeaderError, match="not a valid index"):
         read_checkpoint(tmp_path)

@@ -143,3 +143,28 @@ def test_apply_fix_without_problems_writes_nothing(tmp_path: Path) -> None:
     glm_like(tmp_path, ignore=["lm_head", "*mlp.gate", "model.layers.5.*"])
     result = apply_fix(tmp_path, scan(tmp_path))
     assert result.changed == {} and not any(p.name.startswith(".checkpoints") for p in tmp_path.iterdir())
+
+
+def test_compiled_matcher_answers_exactly_as_the_format_rules() -> None:
+    names = [
+        "lm_head",
+        "model.layers.5.mlp.gate",
+        "model.layers.50.mlp.gate",
+        "model.language_model.layers.5.self_attn.q_proj",
+        "mtp.fc",
+        "mtp.layers.0.mlp.experts.3.up_proj",
+        "visual.blocks.0.attn.qkv",
+    ]
+    pattern_sets = [
+        [],
+        ["lm_head"],
+        ["model.layers.5.*", "*mlp.gate", "mtp"],
+        ["model.layers.5"],  # modelopt: a substring; also on the language_model-stripped name
+        ["re:model[.]layers[.]5[.]", "re:mtp[.]", "mtp.fc", "re:(unclosed"],  # a broken regex never matches
+        ["re:.*experts", "visual.*", "[!m]*"],
+    ]
+    for fmt in ("modelopt", "compressed-tensors"):
+        for patterns in pattern_sets:
+            compiled = matching.ignore_matcher(fmt, patterns)  # type: ignore[arg-type]
+            for name in names:
+                assert compiled(name) == matching.is_ignored(fmt, name, patterns), (fmt, patterns, name)  # type: ignore[arg-type]
