@@ -6,11 +6,15 @@ temperature 0, embedded SmolLM2-135M on vLLM's CPU build. Both tools start the s
 servers (specexp's own launch plan: the same argv and environment) one at a time.
 - peer: ``vllm bench sweep serve --num-runs 3`` (its default; a new ``vllm bench serve``
   process per run, no warm-up), through a ``vllm`` wrapper so its cache reset works;
-- specexp: ``python -m specexp sweep spec=ngram spec.depth=3,5 bench=ab_grid suite=none``:
-  a warm-up per server, then 5 in-process trials per case, each on the same prompts (built
-  once), so trials differ only by machine noise and can be shorter (2 prompts at
-  concurrency 1, one wave of 4 at concurrency 4); MLflow logging on. ``suite=none``
-  because the peer has no functional suite (the demo times the suite separately).
+- specexp: ``python -m specexp sweep spec=ngram spec.depth=3,5 bench=ab_grid suite=none
+  bench.order=interleaved``: the three servers start together (while vLLM validates the
+  sweep), a warm-up each, then 5 rounds of one trial per variant, the servers not measuring
+  frozen (SIGSTOP: a waiting vLLM CPU server still polls); each trial on the same prompts
+  (built once), so trials differ only by machine noise and can be shorter (2 prompts at
+  concurrency 1, one wave of 4 at concurrency 4); MLflow logging on. Interleaving matters
+  on this machine: its speed drifts by 10-20 % over minutes, which a sequential order
+  (the peer's) lands on whichever variant runs then. ``suite=none`` because the peer has
+  no functional suite (the demo times the suite separately).
 Printed: both wall times, the share of each spent measuring, and each variant's ratio
 to the baseline with its 90 % interval (the widest a 3-vs-3 comparison can give; both
 tools' trials go through the same exact rank interval). Goal: specexp at <= 0.5x the
@@ -183,6 +187,7 @@ def run_specexp(tmp: Path) -> float:
         "spec.depth=3,5",
         "bench=ab_grid",
         "suite=none",  # the peer has no functional suite; the demo times it separately
+        "bench.order=interleaved",
         "--name",
         "ab",
     ]
@@ -227,7 +232,7 @@ def full(out: Path, analyze_only: bool) -> None:
         print("running vllm bench sweep serve (3 servers × 2 concurrencies × 3 runs) …", flush=True)
         p_wall = run_peer(plan, out)
         print(f"  {p_wall:.1f}s", flush=True)
-        print("running specexp sweep (3 servers × 2 cases × 5 trials) …", flush=True)
+        print("running specexp sweep (3 servers × 2 cases × 5 trials, interleaved) …", flush=True)
         s_wall = run_specexp(out)
         print(f"  {s_wall:.1f}s", flush=True)
         (out / "walls.json").write_text(json.dumps({"peer": p_wall, "specexp": s_wall}))

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from specexp.assets import embedded
+from specexp.config.schema import BenchConfig
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, SuiteFailed, ValidationFailed
 from specexp.launch.base import Endpoint
@@ -124,16 +125,23 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
             console.print(f"building embedded model {model} (once) …")
             embedded.build(model)
     plans = _plans(variants, resolve_model=True)
-    early = _start_early(variants[0], plans[0])
+    # The first server starts while vLLM validates the sweep; an interleaved sweep on CPU
+    # starts them all (it would start them together right after anyway).
+    together = variants[0].config.bench.order == "interleaved" and all(p.device == "cpu" for p in plans)
+    early = [
+        _start_early(v, p)
+        for v, p in list(zip(variants, plans, strict=True))[: len(plans) if together else 1]
+    ]
     try:
         with _sigterm_as_interrupt():
             console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
             check_or_raise(validate_plans(plans), console)
         return _run_validated(variants, plans, console, name, early)
     finally:
-        if early is not None:  # a no-op when its variant stopped it; the only stop on bad input
-            early.launcher.stop()
-            early.discard_log()
+        for e in early:  # a no-op when its variant stopped it; the only stop on bad input
+            if e is not None:
+                e.launcher.stop()
+                e.discard_log()
 
 
 @dataclass
@@ -174,7 +182,11 @@ def _start_early(variant: Variant, plan: LaunchPlan) -> _Early | None:
 
 
 def _run_validated(
-    variants: list[Variant], plans: list[LaunchPlan], console: Console, name: str | None, early: _Early | None
+    variants: list[Variant],
+    plans: list[LaunchPlan],
+    console: Console,
+    name: str | None,
+    early: list[_Early | None],
 ) -> SweepOutcome:
     first = variants[0].config
     started = datetime.now(UTC)
@@ -225,7 +237,7 @@ def _run_validated(
                     functools.partial(
                         _describe, progress, overall, f"[{i + 1}/{len(variants)}] {variant.label}"
                     ),
-                    early.launcher if early is not None and i == 0 else None,
+                    e.launcher if i < len(early) and (e := early[i]) is not None else None,
                 )
                 for i, (variant, plan) in enumerate(zip(variants, plans, strict=True))
             ]
@@ -329,6 +341,11 @@ class VariantRun:
 
     def launch(self, stack: contextlib.ExitStack) -> Endpoint:
         """Preflight, start the server (stopped when ``stack`` closes) and wait until it is ready."""
+        self.start_server(stack)
+        return self.wait_ready()
+
+    def start_server(self, stack: contextlib.ExitStack) -> None:
+        """Preflight and start the server, without waiting for it (stopped when ``stack`` closes)."""
         cfg = self.variant.config
         pre = check_checkpoint(self.variant, self.plan.model_path)
         if pre.ran:
@@ -356,6 +373,9 @@ class VariantRun:
                 )
             )
         self.say("starting vllm serve")
+
+    def wait_ready(self) -> Endpoint:
+        assert self.launcher is not None, "start_server() first"
         endpoint = self.launcher.wait_ready()
         self.result.ready_s = self.launcher.startup.ready_s
         self.result.startup_phases = self.launcher.startup.phases
@@ -458,15 +478,31 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
     any variant has no clear verdict.
     """
     live: list[tuple[VariantRun, Endpoint]] = []
+    on_cpu = all(run.plan.device == "cpu" for run in runs)
     try:
         for run in runs:
             run.begin()
         with contextlib.ExitStack() as stack:
+            # On CPU all servers start at once (startup is mostly one-core imports); a GPU's
+            # memory profiling at startup must not race another server's, so one at a time.
+            started = []
             for run in runs:
                 try:
-                    live.append((run, run.launch(stack)))
+                    run.start_server(stack)
+                    started.append(run)
+                    if not on_cpu:
+                        live.append((run, run.wait_ready()))
                 except Exception as exc:  # this variant failed to start; the others go on
                     run.fail(exc)
+                    if run.launcher is not None:
+                        run.launcher.stop()
+            for run in started if on_cpu else []:
+                try:
+                    live.append((run, run.wait_ready()))
+                except Exception as exc:
+                    run.fail(exc)
+                    assert run.launcher is not None
+                    run.launcher.stop()
             by_hash = {run.variant.hash: run for run, _ in live}
             live.sort(key=lambda x: not x[0].variant.is_baseline)  # baselines answer the suite first
 
@@ -474,18 +510,21 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
                 base = by_hash.get(run.variant.baseline_hash or "")
                 return base.result if base else None
 
-            checked = []
-            for run, endpoint in live:
-                try:
-                    run.check_suite(endpoint, baseline_of(run))
-                    checked.append((run, endpoint))
-                except Exception as exc:  # fail_fast: this variant stops here, the others go on
-                    run.fail(exc)
-            live = checked
-            if live:
-                results = asyncio.run(_measure_round_robin(live))
-                for run, _ in live:
-                    run.measured(results[run.variant.hash], baseline_of(run))
+            ready = [run for run, _ in live]
+            with _turns(ready, _freezes_idle(ready)) as turn:
+                checked = []
+                for run, endpoint in live:
+                    try:
+                        turn(run)
+                        run.check_suite(endpoint, baseline_of(run))
+                        checked.append((run, endpoint))
+                    except Exception as exc:  # fail_fast: this variant stops here, the others go on
+                        run.fail(exc)
+                live = checked
+                if live:
+                    results = asyncio.run(_measure_round_robin(live, turn))
+                    for run, _ in live:
+                        run.measured(results[run.variant.hash], baseline_of(run))
     except BaseException as exc:
         for run in runs:  # measurement is joint: no variant still "ok" got to finish it
             if run.result.status == "ok":
@@ -497,31 +536,69 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
             done(run)
 
 
-async def _measure_round_robin(live: list[tuple[VariantRun, Endpoint]]) -> dict[str, dict[str, CaseResult]]:
+def _freezes_idle(runs: list[VariantRun]) -> bool:
+    setting = runs[0].variant.config.bench.freeze_idle
+    return setting == "on" or (setting == "auto" and all(run.plan.device == "cpu" for run in runs))
+
+
+@contextlib.contextmanager
+def _turns(runs: list[VariantRun], freeze: bool) -> Iterator[Callable[[VariantRun], None]]:
+    """``turn(run)`` thaws ``run`` and freezes every other server (when ``freeze``); all
+    are thawed on the way out, however it is left."""
+
+    def turn(active: VariantRun) -> None:
+        for run in runs:
+            if run.launcher is not None and run is not active:
+                run.launcher.freeze()
+        if active.launcher is not None:
+            active.launcher.thaw()
+
+    try:
+        yield turn if freeze else (lambda _run: None)
+    finally:
+        for run in runs:
+            if run.launcher is not None:
+                run.launcher.thaw()
+
+
+async def _measure_round_robin(
+    live: list[tuple[VariantRun, Endpoint]], turn: Callable[[VariantRun], None]
+) -> dict[str, dict[str, CaseResult]]:
     bench = live[0][0].variant.config.bench
     confidence = look_confidence(bench.trials, bench.max_trials)
     async with contextlib.AsyncExitStack() as stack:
-        benches = [
-            (run, await stack.enter_async_context(VariantBench(endpoint, run.variant.config.bench, run.say)))
-            for run, endpoint in live
-        ]
-        by_hash = {run.variant.hash: vb for run, vb in benches}
-        target = bench.trials
-        while True:
-            for _ in range(target - min(vb.done for _, vb in benches)):
-                for _, vb in benches:
-                    await vb.run_trial(target)
-            if target >= bench.max_trials:
-                break
-            pending = False
+        benches = []
+        for run, endpoint in live:
+            turn(run)  # its warm-up runs alone too
+            vb = VariantBench(endpoint, run.variant.config.bench, run.say)
+            benches.append((run, await stack.enter_async_context(vb)))
+        return await _rounds(benches, turn, bench, confidence)
+
+
+async def _rounds(
+    benches: list[tuple[VariantRun, VariantBench]],
+    turn: Callable[[VariantRun], None],
+    bench: BenchConfig,
+    confidence: float,
+) -> dict[str, dict[str, CaseResult]]:
+    by_hash = {run.variant.hash: vb for run, vb in benches}
+    target = bench.trials
+    while True:
+        for _ in range(target - min(vb.done for _, vb in benches)):
             for run, vb in benches:
-                base = by_hash.get(run.variant.baseline_hash or "")
-                if base is not None:
-                    pending = pending or bool(undecided(vb.results(), base.results(), confidence))
-            if not pending:
-                break
-            target = min(bench.max_trials, target + bench.trials)
-        return {run.variant.hash: vb.results() for run, vb in benches}
+                turn(run)
+                await vb.run_trial(target)
+        if target >= bench.max_trials:
+            break
+        pending = False
+        for run, vb in benches:
+            base = by_hash.get(run.variant.baseline_hash or "")
+            if base is not None:
+                pending = pending or bool(undecided(vb.results(), base.results(), confidence))
+        if not pending:
+            break
+        target = min(bench.max_trials, target + bench.trials)
+    return {run.variant.hash: vb.results() for run, vb in benches}
 
 
 def resolved_yaml(variant: Variant) -> str:

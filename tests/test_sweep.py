@@ -95,6 +95,45 @@ def test_interleaved_sweep_takes_one_trial_of_each_variant_per_round(tmp_path: P
         assert not alive(worker_pid(tmp_path / str(i) / "server.log"))
 
 
+def _alive_stamps(log: Path) -> list[float]:
+    return [float(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("ALIVE ")]
+
+
+def test_interleaved_sweep_on_cpu_freezes_every_server_but_the_one_measuring(tmp_path: Path) -> None:
+    from specexp.sweep import _run_interleaved
+
+    variants = plan_sweep(
+        [
+            "spec=ngram",
+            "bench.trials=2",
+            "bench.order=interleaved",
+            "suite=none",
+            "bench.warmup_requests=1",
+            "bench.cases.single.num_prompts=2",
+            "bench.cases.concurrent4.num_prompts=4",
+        ]
+    )
+    assert variants[0].config.bench.freeze_idle == "auto"  # and the fake plans run on "cpu"
+    runs = [
+        VariantRun(v, fake_plan("serve"), tmp_path / str(i), None, lambda _m: None)
+        for i, v in enumerate(variants)
+    ]
+    _run_interleaved(runs, lambda _run: None)
+    assert [run.result.status for run in runs] == ["ok", "ok"]
+    assert all(c.failed_requests == 0 for run in runs for c in run.result.cases.values())  # after thaws too
+    windows = {
+        i: [(t.started_at, t.started_at + t.duration_s) for c in run.result.cases.values() for t in c.trials]
+        for i, run in enumerate(runs)
+    }
+    for me, other in ((0, 1), (1, 0)):
+        mine, theirs = _alive_stamps(tmp_path / str(me) / "server.log"), windows[other]
+        assert len(theirs) == 4
+        for begin, end in theirs:  # frozen while the other measured (20 ms margin for the signal)
+            assert not [t for t in mine if begin + 0.02 < t < end - 0.02], (me, begin, end)
+        assert any(begin < t < end for t in mine for begin, end in windows[me])  # alive in its own turn
+        assert not alive(worker_pid(tmp_path / str(me) / "server.log"))
+
+
 def test_interleaved_sweep_goes_on_when_one_server_fails_to_start(tmp_path: Path) -> None:
     from specexp.sweep import _run_interleaved
 

@@ -164,6 +164,10 @@ class BenchConfig:
     # variant's server up at once, one trial of each per round, so slow drift of the
     # machine lands on all variants alike (needs memory for all servers together).
     order: str = "sequential"
+    # interleaved only: freeze (SIGSTOP) every server but the one measuring. A waiting vLLM
+    # CPU server is not idle (its engine loop polls: 25 % of a core here), so unfrozen it
+    # slows the one measuring. auto = on when the servers run on CPU.
+    freeze_idle: str = "auto"
     warmup_requests: int = 1
     temperature: float = 0.0
     seed: int = 0
@@ -181,6 +185,8 @@ class BenchConfig:
             raise ValueError(f"bench.max_trials={self.max_trials} is below bench.trials={self.trials}")
         if self.order not in ("sequential", "interleaved"):
             raise ValueError(f"bench.order: {self.order!r} is not sequential or interleaved")
+        if self.freeze_idle not in ("auto", "on", "off"):
+            raise ValueError(f"bench.freeze_idle: {self.freeze_idle!r} is not auto, on or off")
         if self.temperature < 0:
             raise ValueError("bench.temperature must be >= 0")
 

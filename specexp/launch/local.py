@@ -101,6 +101,7 @@ class LocalLauncher:
         self._log: IO[str] | None = None
         self._log_lock = threading.Lock()
         self._stopped = False
+        self._frozen = False
         self._rpc_dir: Path | None = None
         self.substitutions: list[str] = []  # log lines where the server overrode the request
 
@@ -223,6 +224,22 @@ class LocalLauncher:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._pgid, sig)
 
+    def freeze(self) -> None:
+        """Suspend every process of the server (SIGSTOP): a waiting vLLM CPU server still
+        polls, taking CPU from the server being measured. Open connections survive."""
+        if self._proc is not None and not self._stopped and not self._frozen:
+            self._signal_group(signal.SIGSTOP)
+            self._frozen = True
+
+    def thaw(self) -> None:
+        if self._frozen and not self._stopped:
+            self._signal_group(signal.SIGCONT)
+        self._frozen = False
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
     def stop(self) -> None:
         """Stop every process of the group (also after a crash: workers may outlive the parent).
 
@@ -231,6 +248,8 @@ class LocalLauncher:
             return
         self._stopped = True
         self._signal_group(signal.SIGTERM)
+        self._signal_group(signal.SIGCONT)  # a frozen server handles SIGTERM only once continued
+        self._frozen = False
         deadline = time.monotonic() + self.stop_timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(subprocess.TimeoutExpired):

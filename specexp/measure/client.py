@@ -89,6 +89,12 @@ class _Stream:
             self.last = now
 
 
+# Reuse an idle connection for less time than vLLM keeps it (VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+# 5 s): a server frozen between interleaved trials closes expired connections only once
+# thawed, racing the next request on them.
+KEEPALIVE_S = 2.0
+
+
 def session(timeout_s: float) -> aiohttp.ClientSession:
     """One session per measured variant: unlimited connections (the case's semaphore is the
     limit), and the trace hook that tells each request when its body went out."""
@@ -102,7 +108,7 @@ def session(timeout_s: float) -> aiohttp.ClientSession:
     trace.on_request_headers_sent.append(sent)
     trace.on_request_chunk_sent.append(sent)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s),
         trace_configs=[trace],
     )

@@ -140,7 +140,9 @@ class VariantBench:
         return min((len(t) for t in self.trials.values()), default=0)
 
     async def __aenter__(self) -> VariantBench:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=64, keepalive_expiry=streaming.KEEPALIVE_S
+        )
         self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s)
         self._streams = streaming.session(self.bench.request_timeout_s)
         try:

@@ -6,7 +6,8 @@ usage: fake_vllm_process.py MODE PORT
 
 ``serve`` also answers chat completions (a short SSE stream, each request logged with
 its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it;
-non-streamed requests get "Paris" (``serve-wrong``: "Lyon").
+non-streamed requests get "Paris" (``serve-wrong``: "Lyon"). Its worker logs a heartbeat
+(``ALIVE <wall time>``) every 20 ms, which stops while the server is frozen.
 """
 
 from __future__ import annotations
@@ -90,8 +91,11 @@ worker = os.fork()
 if worker == 0:  # the "engine core": lives in the same group, ignores SIGTERM when stubborn
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:
-        time.sleep(0.1)
+    time.sleep(0.5)
+    while True:  # serve: a heartbeat, like vLLM's polling engine loop; silent while frozen
+        if mode.startswith("serve"):
+            print(f"ALIVE {time.time():.6f}", flush=True)
+        time.sleep(0.02 if mode.startswith("serve") else 0.1)
 
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

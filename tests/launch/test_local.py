@@ -128,3 +128,18 @@ def test_phase_durations_follow_marker_order() -> None:
         "api_start_s": 2.0,
         "health_s": 1.0,
     }
+
+
+def test_a_frozen_server_still_stops_at_once_and_completely(tmp_path: Path) -> None:
+    launcher = LocalLauncher(fake_plan("serve"), tmp_path / "server.log", stop_timeout_s=10)
+    launcher.start()
+    launcher.wait_ready()
+    worker = worker_pid(tmp_path / "server.log")
+    launcher.freeze()
+    time.sleep(0.2)
+    with open(f"/proc/{worker}/stat") as fh:
+        assert fh.read().split(")")[-1].split()[0] == "T"  # stopped
+    t0 = time.perf_counter()
+    launcher.stop()
+    assert time.perf_counter() - t0 < 5  # SIGTERM was not left queued behind SIGSTOP
+    assert not alive(worker)
