@@ -521,10 +521,15 @@ def _run_interleaved(runs: list[VariantRun], done: Callable[[VariantRun], None])
                     except Exception as exc:  # fail_fast: this variant stops here, the others go on
                         run.fail(exc)
                 live = checked
-                if live:
-                    results = asyncio.run(_measure_round_robin(live, turn))
-                    for run, _ in live:
-                        run.measured(results[run.variant.hash], baseline_of(run))
+                try:
+                    if live:
+                        results = asyncio.run(_measure_round_robin(live, turn))
+                        for run, _ in live:
+                            run.measured(results[run.variant.hash], baseline_of(run))
+                finally:  # all servers wind down together; the stack then waits for each
+                    for run in runs:
+                        if run.launcher is not None:
+                            run.launcher.request_stop()
     except BaseException as exc:
         for run in runs:  # measurement is joint: no variant still "ok" got to finish it
             if run.result.status == "ok":

@@ -102,6 +102,7 @@ class LocalLauncher:
         self._log_lock = threading.Lock()
         self._stopped = False
         self._frozen = False
+        self._stop_sent: float | None = None
         self._rpc_dir: Path | None = None
         self.substitutions: list[str] = []  # log lines where the server overrode the request
 
@@ -227,12 +228,12 @@ class LocalLauncher:
     def freeze(self) -> None:
         """Suspend every process of the server (SIGSTOP): a waiting vLLM CPU server still
         polls, taking CPU from the server being measured. Open connections survive."""
-        if self._proc is not None and not self._stopped and not self._frozen:
+        if self._proc is not None and self._stop_sent is None and not self._frozen:
             self._signal_group(signal.SIGSTOP)
             self._frozen = True
 
     def thaw(self) -> None:
-        if self._frozen and not self._stopped:
+        if self._frozen and self._stop_sent is None:
             self._signal_group(signal.SIGCONT)
         self._frozen = False
 
@@ -240,17 +241,26 @@ class LocalLauncher:
     def frozen(self) -> bool:
         return self._frozen
 
+    def request_stop(self) -> None:
+        """Ask the server to shut down (SIGTERM) without waiting: several servers then wind
+        down together, and ``stop`` only waits for what is left of each."""
+        if self._proc is None or self._stopped or self._stop_sent is not None:
+            return
+        self._stop_sent = time.monotonic()
+        self._signal_group(signal.SIGTERM)
+        self._signal_group(signal.SIGCONT)  # a frozen server handles SIGTERM only once continued
+        self._frozen = False
+
     def stop(self) -> None:
         """Stop every process of the group (also after a crash: workers may outlive the parent).
 
         Once only: a second call must not signal a process group id the system may have reused."""
         if self._proc is None or self._stopped:
             return
+        self.request_stop()
         self._stopped = True
-        self._signal_group(signal.SIGTERM)
-        self._signal_group(signal.SIGCONT)  # a frozen server handles SIGTERM only once continued
-        self._frozen = False
-        deadline = time.monotonic() + self.stop_timeout_s
+        assert self._stop_sent is not None
+        deadline = self._stop_sent + self.stop_timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=0.2)

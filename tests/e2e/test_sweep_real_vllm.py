@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,3 +155,59 @@ def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
     assert exp is not None
     statuses = sorted(r.info.status for r in client.search_runs([exp.experiment_id]))
     assert statuses == ["KILLED", "KILLED"]
+
+
+def _server_states(stop: threading.Event, seen: list[tuple[float, str, str]]) -> None:
+    """Sample every vLLM API server's state (ps STAT: T = stopped) with its --port, 20 times a second."""
+    while not stop.is_set():
+        now = time.time()
+        for line in processes_matching("vllm_entry.py serve"):
+            _pid, stat, *args = line.split()
+            port = next((a for a in args if a.startswith("--port=")), None)
+            if port:
+                seen.append((now, port.removeprefix("--port="), stat))
+        time.sleep(0.05)
+
+
+def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> None:
+    require_vllm()
+    seen: list[tuple[float, str, str]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_server_states, args=(stop, seen), daemon=True)
+    sampler.start()
+    try:
+        out = run_cli(
+            [
+                "sweep",
+                "spec.depth=3",
+                "bench=smoke",
+                "bench.order=interleaved",
+                "suite=none",
+                "tracking=none",
+                "--name",
+                "il",
+            ],
+            workdir,
+            timeout=600,
+        )
+    finally:
+        stop.set()
+        sampler.join()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep = json.loads((workdir / "results" / "il" / "sweep.json").read_text())
+    windows: dict[str, list[tuple[float, float]]] = {}
+    for v in sweep["variants"]:
+        assert v["status"] == "ok", v.get("error")
+        assert all(c["failed_requests"] == 0 for c in v["cases"].values())  # thawed servers answer
+        port = v["launch"]["base_url"].rsplit(":", 1)[1]
+        trials = [t for c in v["cases"].values() for t in c["trials"]]
+        windows[port] = [(t["started_at"], t["started_at"] + t["duration_s"]) for t in trials]
+    assert len(windows) == 2 and all(len(w) == 6 for w in windows.values())
+    for port, mine in windows.items():
+        other = next(p for p in windows if p != port)
+        states = [(t, stat) for t, p, stat in seen if p == port]
+        during_mine = [stat for t, stat in states if any(b + 0.1 < t < e - 0.1 for b, e in mine)]
+        during_other = [stat for t, stat in states if any(b + 0.1 < t < e - 0.1 for b, e in windows[other])]
+        assert during_mine and not [s for s in during_mine if s.startswith("T")], (port, during_mine)
+        assert during_other and all(s.startswith("T") for s in during_other), (port, during_other)
+    assert processes_matching("vllm_entry.py") == []

@@ -143,3 +143,23 @@ def test_a_frozen_server_still_stops_at_once_and_completely(tmp_path: Path) -> N
     launcher.stop()
     assert time.perf_counter() - t0 < 5  # SIGTERM was not left queued behind SIGSTOP
     assert not alive(worker)
+
+
+def test_servers_asked_to_stop_together_wind_down_together(tmp_path: Path) -> None:
+    # stubborn servers ignore SIGTERM: each costs its whole stop timeout (4 s) before SIGKILL,
+    # then ~2 s until its killed group is gone; one after the other, two would take ~12 s
+    launchers = [
+        LocalLauncher(fake_plan("stubborn"), tmp_path / f"{i}.log", stop_timeout_s=4) for i in range(2)
+    ]
+    for launcher in launchers:
+        launcher.start()
+        launcher.wait_ready()
+    workers = [worker_pid(tmp_path / f"{i}.log") for i in range(2)]
+    t0 = time.perf_counter()
+    for launcher in launchers:
+        launcher.request_stop()
+    for launcher in launchers:
+        launcher.stop()
+    elapsed = time.perf_counter() - t0
+    assert 4 <= elapsed < 9.5  # one timeout, not two
+    assert not any(alive(w) for w in workers)
