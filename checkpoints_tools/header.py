@@ -153,12 +153,14 @@ def _tiles(tensors: dict[str, TensorInfo], data_size: int) -> bool:
         need = [math.prod(e.shape) * bits[e.dtype] for e in entries]  # type: ignore[arg-type,index]
     except (TypeError, KeyError):  # a missing dtype or shape (None)
         return False
-    offsets = sorted(map(attrgetter("data_offsets"), entries))
+    offsets = list(map(attrgetter("data_offsets"), entries))
+    if need != [(end - begin) * 8 for begin, end in offsets]:
+        return False
+    offsets.sort()
     begins = [begin for begin, _ in offsets]
     ends = [end for _, end in offsets]
     return (
-        need == [(e.end - e.begin) * 8 for e in entries]
-        and begins[:1] in ([], [0])
+        begins[:1] in ([], [0])
         and begins[1:] == ends[:-1]
         and (ends[-1] if ends else 0) == data_size
         and _MISSING not in offsets
