@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def test_interleaved_sweep_takes_one_trial_of_each_variant_per_round(tmp_path: P
 
 
 def _alive_stamps(log: Path) -> list[float]:
-    return [float(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("ALIVE ")]
+    return [float(m[1]) for m in re.finditer(r"^ALIVE (\d+\.\d+)$", log.read_text(), re.M)]
 
 
 def test_interleaved_sweep_on_cpu_freezes_every_server_but_the_one_measuring(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ mode, port = sys.argv[1], int(sys.argv[2])
 
 
 def log(msg: str) -> None:
-    print(msg, flush=True)
+    os.write(1, (msg + "\n").encode())  # one write per line: the worker shares this pipe
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -94,7 +94,7 @@ if worker == 0:  # the "engine core": lives in the same group, ignores SIGTERM w
     time.sleep(0.5)
     while True:  # serve: a heartbeat, like vLLM's polling engine loop; silent while frozen
         if mode.startswith("serve"):
-            print(f"ALIVE {time.time():.6f}", flush=True)
+            log(f"ALIVE {time.time():.6f}")
         time.sleep(0.02 if mode.startswith("serve") else 0.1)
 
 if mode == "stubborn":
