@@ -128,10 +128,8 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
     # The first server starts while vLLM validates the sweep; an interleaved sweep on CPU
     # starts them all (it would start them together right after anyway).
     together = variants[0].config.bench.order == "interleaved" and all(p.device == "cpu" for p in plans)
-    early = [
-        _start_early(v, p)
-        for v, p in list(zip(variants, plans, strict=True))[: len(plans) if together else 1]
-    ]
+    n_early = len(plans) if together else 1
+    early = [_start_early(v, p) for v, p in zip(variants[:n_early], plans[:n_early], strict=True)]
     try:
         with _sigterm_as_interrupt():
             console.print(f"validating {len(plans)} variant(s) against the installed vLLM …")
@@ -146,7 +144,7 @@ def run_sweep(variants: list[Variant], console: Console, *, name: str | None = N
 
 @dataclass
 class _Early:
-    """The first variant's server, started before validation so the two overlap.
+    """A variant's server, started before validation so the two overlap.
 
     Validation imports vLLM in its own process (10-20 s); so does the server. Started
     together they cost one wait instead of two. The log goes to a temporary file until the

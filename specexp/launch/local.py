@@ -228,7 +228,8 @@ class LocalLauncher:
     def freeze(self) -> None:
         """Suspend every process of the server (SIGSTOP): a waiting vLLM CPU server still
         polls, taking CPU from the server being measured. Open connections survive."""
-        if self._proc is not None and self._stop_sent is None and not self._frozen:
+        alive = self._proc is not None and self._proc.poll() is None  # never signal a reaped group
+        if alive and self._stop_sent is None and not self._frozen:
             self._signal_group(signal.SIGSTOP)
             self._frozen = True
 
@@ -236,10 +237,6 @@ class LocalLauncher:
         if self._frozen and self._stop_sent is None:
             self._signal_group(signal.SIGCONT)
         self._frozen = False
-
-    @property
-    def frozen(self) -> bool:
-        return self._frozen
 
     def request_stop(self) -> None:
         """Ask the server to shut down (SIGTERM) without waiting: several servers then wind
