@@ -72,14 +72,6 @@ class TensorInfo(msgspec.Struct, frozen=True, gc=False):
     shape: tuple[_Count, ...] | None = None
     data_offsets: tuple[_Count, _Count] = _MISSING
 
-    @property
-    def begin(self) -> int:
-        return self.data_offsets[0]
-
-    @property
-    def end(self) -> int:
-        return self.data_offsets[1]
-
 
 class _Metadata(msgspec.Struct):
     metadata: dict[str, str] | None = msgspec.field(default=None, name="__metadata__")
@@ -230,7 +222,7 @@ def read_checkpoint(model_dir: Path) -> dict[str, TensorInfo]:
             ) from None
         shards = sorted(set(weight_map.values()))
         for shard in shards:
-            if not isinstance(shard, str) or "/" in shard or shard.startswith(".."):
+            if "/" in shard or shard.startswith(".."):  # a str: the index is decoded as dict[str, str]
                 raise HeaderError(f"{index.name}: invalid shard name {shard!r}")
             if not (model_dir / shard).exists():
                 raise HeaderError(f"{index.name}: points at missing shard {shard}")

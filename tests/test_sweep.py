@@ -194,9 +194,11 @@ def _quiet() -> Console:
     return Console(file=open(os.devnull, "w"))
 
 
-def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _validate_while_a_fake_server_starts(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, *, ok: bool
+) -> tuple[Path, dict[str, int]]:
+    """Every plan is a fake server; the validator finds it already starting (its worker pid
+    goes into the returned dict) and accepts the plan or rejects it for ``--bogus``."""
     temp = workdir / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
@@ -207,9 +209,17 @@ def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(
     def validate(plans: list[LaunchPlan]) -> list[ValidationResult]:
         (log,) = temp.glob("specexp-server-*.log")  # the server is already starting
         seen["worker"] = worker_pid(log)
-        return [ValidationResult(plans[0].label, True)]
+        error = None if ok else "unrecognized arguments: --bogus"
+        return [ValidationResult(plans[0].label, ok, error=error)]
 
     monkeypatch.setattr(sweep, "validate_plans", validate)
+    return temp, seen
+
+
+def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp, seen = _validate_while_a_fake_server_starts(workdir, monkeypatch, ok=True)
     (variant,) = plan_sweep(
         [
             "spec=none",
@@ -238,19 +248,7 @@ def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(
 def test_a_sweep_rejected_by_validation_stops_the_early_server_and_leaves_nothing(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    temp = workdir / "tmp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    plan = fake_plan("serve")
-    monkeypatch.setattr(sweep, "_plans", lambda variants, resolve_model: [plan])
-    seen: dict[str, int] = {}
-
-    def reject(plans: list[LaunchPlan]) -> list[ValidationResult]:
-        (log,) = temp.glob("specexp-server-*.log")
-        seen["worker"] = worker_pid(log)
-        return [ValidationResult(plans[0].label, False, error="unrecognized arguments: --bogus")]
-
-    monkeypatch.setattr(sweep, "validate_plans", reject)
+    temp, seen = _validate_while_a_fake_server_starts(workdir, monkeypatch, ok=False)
     (variant,) = plan_sweep(["spec=none", "suite=none"], with_baseline=False)
     with pytest.raises(ValidationFailed, match="--bogus"):
         sweep.run_sweep([variant], _quiet(), name="bad")
