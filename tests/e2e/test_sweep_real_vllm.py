@@ -157,21 +157,25 @@ def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
     assert statuses == ["KILLED", "KILLED"]
 
 
-def _server_states(stop: threading.Event, seen: list[tuple[float, str, str]]) -> None:
-    """Sample every vLLM API server's state (ps STAT: T = stopped) with its --port, 20 times a second."""
+def _server_states(stop: threading.Event, seen: list[tuple[float, float, str, str]]) -> None:
+    """Sample every vLLM API server's state (ps STAT: T = stopped) with its --port, 20 times a
+    second. Each sample carries the times before and after ``ps`` ran: on a loaded machine ps
+    takes long enough that one stamp cannot say when the state was read."""
     while not stop.is_set():
-        now = time.time()
-        for line in processes_matching("vllm_entry.py serve"):
+        before = time.time()
+        lines = processes_matching("vllm_entry.py serve")
+        after = time.time()
+        for line in lines:
             _pid, stat, *args = line.split()
             port = next((a for a in args if a.startswith("--port=")), None)
             if port:
-                seen.append((now, port.removeprefix("--port="), stat))
+                seen.append((before, after, port.removeprefix("--port="), stat))
         time.sleep(0.05)
 
 
 def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> None:
     require_vllm()
-    seen: list[tuple[float, str, str]] = []
+    seen: list[tuple[float, float, str, str]] = []
     stop = threading.Event()
     sampler = threading.Thread(target=_server_states, args=(stop, seen), daemon=True)
     sampler.start()
@@ -205,9 +209,12 @@ def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> 
     assert len(windows) == 2 and all(len(w) == 6 for w in windows.values())
     for port, mine in windows.items():
         other = next(p for p in windows if p != port)
-        states = [(t, stat) for t, p, stat in seen if p == port]
-        during_mine = [stat for t, stat in states if any(b + 0.1 < t < e - 0.1 for b, e in mine)]
-        during_other = [stat for t, stat in states if any(b + 0.1 < t < e - 0.1 for b, e in windows[other])]
+        states = [(t0, t1, stat) for t0, t1, p, stat in seen if p == port]
+        # a sample counts for a trial only if its whole ps call lay inside the trial
+        during_mine = [stat for t0, t1, stat in states if any(b + 0.1 < t0 and t1 < e - 0.1 for b, e in mine)]
+        during_other = [
+            stat for t0, t1, stat in states if any(b + 0.1 < t0 and t1 < e - 0.1 for b, e in windows[other])
+        ]
         assert during_mine and not [s for s in during_mine if s.startswith("T")], (port, during_mine)
         assert during_other and all(s.startswith("T") for s in during_other), (port, during_other)
     assert processes_matching("vllm_entry.py") == []
