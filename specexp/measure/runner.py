@@ -124,14 +124,27 @@ class VariantBench:
     """One variant's measurement, a trial at a time: warm-up once, then ``run_trial`` as
     often as the schedule asks (all trials in a row, or round-robin with other variants)."""
 
-    def __init__(self, endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None) -> None:
-        self.endpoint, self.bench = endpoint, bench
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        bench: BenchConfig,
+        progress: Progress | None = None,
+        *,
+        launch: int = 0,
+        prior: dict[str, list[TrialRecord]] | None = None,
+    ) -> None:
+        """``launch`` and ``prior``: a later launch of the same variant goes on numbering
+        trials after the ones ``prior`` holds, and its results include them."""
+        self.endpoint, self.bench, self.launch = endpoint, bench, launch
         self.say: Progress = progress or (lambda _msg: None)
         self.prompts = {
             name: _case_prompts(endpoint, bench, name, case, ci)
             for ci, (name, case) in enumerate(bench.cases.items())
         }
-        self.trials: dict[str, list[TrialRecord]] = {name: [] for name in bench.cases}
+        self.trials: dict[str, list[TrialRecord]] = {
+            name: list((prior or {}).get(name, [])) for name in bench.cases
+        }
+        self.first_trial = self.done
         self._client: httpx.AsyncClient | None = None  # control: /metrics, cache reset
         self._streams: aiohttp.ClientSession | None = None  # the measured streams
 
@@ -196,11 +209,11 @@ class VariantBench:
         t = self.done
         for name, case in self.bench.cases.items():
             self.say(f"trial {t + 1}/{of} · {name}")
-            self.trials[name].append(
-                await _run_case(
-                    self._client, self._streams, self.endpoint, self.bench, name, case, self.prompts[name], t
-                )
+            record = await _run_case(
+                self._client, self._streams, self.endpoint, self.bench, name, case, self.prompts[name], t
             )
+            record.launch = self.launch
+            self.trials[name].append(record)
 
     def results(self) -> dict[str, CaseResult]:
         return {name: _case_result(name, case, self.trials[name]) for name, case in self.bench.cases.items()}
