@@ -66,6 +66,25 @@ setup_vllm() {
   echo "$want" > "$VLLM_VENV/.specexp-stamp"
 }
 
+# Debian packages the tests use: a browser for the MLflow UI test.
+SYSTEM_PKGS=(chromium)
+
+setup_system() {
+  local missing=()
+  for pkg in "${SYSTEM_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "not on Debian/Ubuntu: install ${missing[*]} yourself (the tests that need them are skipped)"
+    return
+  fi
+  local sudo=(); [[ $(id -u) -ne 0 ]] && sudo=(sudo)
+  log "system packages: ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 setup_model() {
   if has_gpu && [[ -z "${SPECEXP_FORCE_CPU_VLLM:-}" ]] && [[ ! -x "$VLLM_VENV/bin/python" ]]; then
     return  # the converter runs in the CPU venv
@@ -75,6 +94,7 @@ setup_model() {
 
 setup() {
   check_python
+  setup_system
   setup_orchestrator
   setup_vllm
   setup_model

@@ -89,6 +89,7 @@ class Launcher(Protocol):
     """One variant's server, on however many nodes. Used as a context manager."""
 
     kind: ClassVar[str]
+    plan: LaunchPlan  # as launched: ports decided on the node that serves
     startup: StartupTiming
     substitutions: list[str]  # log lines where the server ran something other than asked
 

@@ -302,8 +302,27 @@ def build_plan(
         api_host=api_host,
         api_port=port,
         served_model=config.model.served_name or model_path,
-        notes=variant.notes,
+        notes=(*variant.notes, *device_notes(config, device)),
     )
+
+
+# What vLLM's CPU platform runs whatever backend is asked for (vllm/platforms/cpu.py): any
+# other name is replaced silently, so two such variants would run the same thing.
+CPU_ATTENTION = frozenset({"AUTO", "CPU_ATTN", "CPU_MLA", "AMX_MLA"})
+
+
+def device_notes(config: Config, device: str) -> tuple[str, ...]:
+    """Requests the device cannot honour, said before launch rather than found after."""
+    if device != "cpu":
+        return ()
+    notes = []
+    asked = [("attention.backend", config.attention.backend)]
+    if config.spec.method != "none" and config.spec.attention_backend:
+        asked.append(("spec.attention_backend", config.spec.attention_backend))
+    for key, backend in asked:
+        if backend.upper() not in CPU_ATTENTION:
+            notes.append(f"{key}: {backend.lower()} is not available on cpu; vLLM will use CPU_ATTN")
+    return tuple(notes)
 
 
 def launch_env(plan_env: dict[str, str]) -> dict[str, str]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,6 +118,27 @@ def _build_models(variants: list[Variant], console: Console) -> None:
             embedded.build(model)
 
 
+MIN_FREE_BYTES = 50 * 2**20  # a sweep writes logs and every request: refuse to start on less
+
+
+def check_writable(folder: Path) -> None:
+    """The results must be keepable before anything is measured: the folder (or its nearest
+    existing parent) takes a file, and has room. Nothing is left behind by the check."""
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".specexp-probe-")
+        os.close(fd)
+        Path(name).unlink()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"results folder {folder}: cannot write in {probe} ({reason})") from None
+    free = shutil.disk_usage(probe).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(f"results folder {folder}: only {free // 1024} KiB free in {probe}; need 50 MiB")
+
+
 # -- resume ---------------------------------------------------------------------------------
 @dataclass
 class _Resumed:
@@ -212,6 +234,7 @@ def run_sweep(
     for kind in sorted({v.config.launcher.kind for v in variants}):
         launcher_class(kind)  # a kind this build cannot run is one line, before anything starts
     resumed = _find_resumable(plan, resume_name) if resume else None
+    check_writable(resumed.folder if resumed else plan.results_dir)
     _build_models(variants, console)
     plans = launch_plans(variants)
     todo = [i for i, v in enumerate(variants) if resumed is None or v.hash not in resumed.reused]
@@ -261,9 +284,9 @@ def _run_validated(
     warn = functools.partial(_warn, console)
     recorder = RecorderSet(FolderRecorder(), _sinks(plan), warn)
     recorder.start_sweep(sweep, plan, folder)
-    for v in variants:
-        for note in v.notes:
-            console.print(f"[yellow]note[/yellow] {v.label}: {note}", highlight=False)
+    for lp in plans:
+        for note in lp.notes:
+            console.print(f"[yellow]note[/yellow] {lp.label}: {note}", highlight=False)
     for r in sweep.variants:
         console.print(
             f"[cyan]reused[/cyan] {r.label}: measured in an earlier attempt of {sweep.name}", highlight=False
@@ -327,6 +350,7 @@ def _run_validated(
         raise
     finally:
         sweep.wall_s = round(time.perf_counter() - t0, 3)
+        _write_report(sweep, folder, warn)
         recorder.end_sweep(sweep, folder)
     console.print(summary_table(sweep.variants))
     if any(r.suite is not None for r in sweep.variants):
@@ -334,6 +358,21 @@ def _run_validated(
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {folder}", highlight=False)
     uri = sweep.tracking.uri if recorder.sinks else None
     return SweepOutcome(sweep, folder, uri)
+
+
+def _write_report(sweep: SweepResult, folder: Path, warn: Callable[[str], None]) -> None:
+    """``compare.md`` and the plots, in the sweep folder (and so in the parent MLflow run)."""
+    from specexp.record.files import atomic_write_text
+    from specexp.record.store import StoredVariant
+    from specexp.report import compare, plots
+
+    stored = [StoredVariant(r, None, sweep.name) for r in sweep.variants]
+    try:
+        rows, _ = compare.compare_rows(stored)
+        atomic_write_text(folder / "compare.md", compare.markdown(rows, f"sweep {sweep.name}"))
+        plots.write_all(sweep.variants, folder / "plots")
+    except (OSError, ValueError) as exc:  # the results themselves are already on disk
+        warn(f"could not write the comparison or plots: {exc}")
 
 
 def _warn(console: Console, message: str) -> None:

@@ -93,6 +93,8 @@ class VariantSession:
         else:
             launcher = create_launcher(self.plan, self.variant.config.launcher, log_dir)
             self.launcher = stack.enter_context(launcher)
+        self.result.launch = self.launcher.plan.redacted()
+        self.recorder.launched(self.variant, self.result, self.folder)
         self.say("starting vllm serve" if launch == 0 else f"starting vllm serve (launch {launch + 1})")
 
     def _preflight(self) -> None:

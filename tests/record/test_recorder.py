@@ -22,6 +22,9 @@ class Broken:
     def start_variant(self, variant: Variant, result: VariantResult, folder: Path) -> None:
         self.calls += 1
 
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None:
+        self.calls += 1
+
     def tag(self, variant: Variant, key: str, value: str) -> None:
         self.calls += 1
 
