@@ -238,6 +238,9 @@ class SweepConfig:
     # Measure each baseline twice, the copy as a variant against the original: an A/A check
     # (a verdict between identical configurations is a false winner).
     aa: bool = False
+    # Check every launch plan with the installed vLLM's own parser before anything starts
+    # (off: when this machine's vLLM is not the one that serves, and its verdict misleads).
+    validate: bool = True
 
 
 @dataclass

@@ -247,9 +247,10 @@ def run_sweep(
         if e is not None:
             early[i] = e
     try:
-        with sigterm_as_interrupt():
-            console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
-            check_or_raise(validate_plans([plans[i] for i in todo]), console)
+        if plan.validate:
+            with sigterm_as_interrupt():
+                console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
+                check_or_raise(validate_plans([plans[i] for i in todo]), console)
         return _run_validated(plan, plans, console, early, resumed)
     finally:
         for e in early.values():  # stopping is a no-op where its variant already stopped it
