@@ -99,8 +99,7 @@ async def _node_state(variant: Variant, node: Node, model_path: str, scan: bool)
                 if scan:
                     await _mirror(sftp, model_path, mirror)
                     before = _digest(mirror)
-                    shown = f"{model_path} (on {node.name})"
-                    state.scan = check_checkpoint(variant, str(mirror), shown_as=shown)
+                    state.scan = check_checkpoint(variant, str(mirror), shown_as=model_path)
                     changed = [n for n, h in _digest(mirror).items() if before.get(n) != h]
                     if changed:
                         await _upload(sftp, mirror, model_path, sorted(changed))
@@ -134,7 +133,7 @@ def judge(states: list[NodeCheckpoint], model_path: str) -> Preflight:
     for s in states:
         if s.scan is not None and s.scan.ran:
             if not s.scan.ok:
-                return Preflight(ran=True, ok=False, message=f"{s.scan.message} [{s.name}]")
+                return Preflight(ran=True, ok=False, message=f"{s.name}: {s.scan.message}")
             fixed += [p for p in s.scan.fixed_patterns if p not in fixed]
             if s.scan.fixed_patterns:
                 notes.append(f"{s.name}: {s.scan.message}")

@@ -8,7 +8,8 @@ usage: fake_vllm_process.py MODE PORT
 
 Multi-node flags as vLLM takes them: ``--host=`` is the address it listens on (default
 127.0.0.1), ``--headless`` (a follower) serves no HTTP, ``--node-rank=N``;
-``follower-crash`` serves on the head and crashes on every other rank; ``gloo-hang`` listens
+``follower-crash`` crashes on every rank but the head, which waits (as vLLM waits for its
+followers); ``gloo-hang`` listens
 on the address its hostname resolves to and waits forever, the way Gloo does when it
 takes its address from the hostname (seed 003: a loopback address).
 
@@ -41,7 +42,7 @@ else:  # called the way specexp calls vllm: serve MODEL --port=N ...
     mode = os.environ.get("FAKE_VLLM_MODE", "serve")
     port = int(flag("port") or 0)
 if mode == "follower-crash":
-    mode = "crash" if (flag("node-rank") or "0") != "0" else "serve"
+    mode = "crash" if (flag("node-rank") or "0") != "0" else "hang"  # the head waits for it
 
 
 def log(msg: str) -> None:
