@@ -47,6 +47,7 @@ from specexp.launch.base import (
 from specexp.launch.doctor import Diagnosis, diagnose
 from specexp.launch.effective import read_effective, substituted_backend
 from specexp.launch.local import _ERROR_LINE, PHASE_MARKERS, SUBSTITUTION_MARKERS, startup_phases
+from specexp.launch.nccl import NcclResult, nccl_preflight
 from specexp.launch.plan import LaunchPlan
 from specexp.launch.ssh import LoopThread, Node, RemoteProcess, SshTarget, connect_all, targets
 
@@ -135,6 +136,7 @@ class MultinodeLauncher(StartStopContext):
         self.substitutions: list[str] = []
         self.notes: list[str] = []
         self.diagnosis: Diagnosis | None = None
+        self.nccl: NcclResult | None = None
         self._runs = [
             _NodeRun(
                 rank=p.rank,
@@ -223,6 +225,12 @@ class MultinodeLauncher(StartStopContext):
         await self._gate("before the launch")
         if self._tripped is not None:
             raise self._tripped
+        if self.config.nccl_preflight:
+            nodes = [r.node for r in self._runs if r.node is not None]
+            self.nccl = await nccl_preflight(
+                nodes, [r.address for r in self._runs], list(self.config.nccl_test_command)
+            )
+            self._note(self._runs[0], self.nccl.message)
         head = self._runs[0]
         assert head.node is not None
         want = int(self.plan.api_port == 0) + int("--master-port=0" in head.argv)
@@ -465,6 +473,10 @@ class MultinodeLauncher(StartStopContext):
         sources = dict(served.sources)
         for run in self._runs:
             values[f"nodes.{run.rank}.host"], sources[f"nodes.{run.rank}.host"] = run.target.host, "launcher"
+        if self.nccl is not None:
+            values["nccl.preflight"], sources["nccl.preflight"] = self.nccl.message, "all_reduce_perf"
+            if self.nccl.busbw_gbs is not None:
+                values["nccl.busbw_gbs"], sources["nccl.busbw_gbs"] = self.nccl.busbw_gbs, "all_reduce_perf"
         for line in self.substitutions:
             backend = substituted_backend(line)
             if backend is not None:

@@ -284,3 +284,32 @@ def test_ray_and_a_loopback_api_are_refused_before_anything_starts(two: Cluster,
     (loop,) = plan_sweep([*two.overrides(), *FAST, "server.host=127.0.0.1"], with_baseline=False)
     with pytest.raises(ConfigError, match=r"server.host=127.0.0.1 binds the API to the head node's loopback"):
         create_launcher(build_plan(loop, resolve_model=False), v.config.launcher, tmp_path)
+
+
+def test_nccl_preflight_measures_with_all_reduce_perf_or_says_it_was_skipped(
+    two: Cluster, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from specexp.launch.nccl import nccl_preflight
+    from specexp.launch.ssh import Node, targets
+
+    ln = launcher(two, tmp_path, "launcher.nccl_preflight=true")
+    with ln:
+        eff = ln.effective_config(ln.wait_ready())
+    assert eff.values["nccl.preflight"] == (
+        "NCCL preflight skipped: all_reduce_perf not found on node0, node1 (nccl-tests)"
+    )
+    assert "nccl.busbw_gbs" not in eff.values
+    fake = Path(__file__).parents[1] / "fakes" / "all_reduce_perf"
+    config = variant(two).config.launcher
+
+    async def one_node() -> float | None:
+        node = await Node.connect(targets(config)[0])
+        try:
+            return (await nccl_preflight([node], [two.nodes[0].address], [str(fake)])).busbw_gbs
+        finally:
+            await node.close()
+
+    assert asyncio.run(one_node()) == 22.9
+    nothing_left(two)
