@@ -313,3 +313,44 @@ def test_nccl_preflight_measures_with_all_reduce_perf_or_says_it_was_skipped(
 
     assert asyncio.run(one_node()) == 22.9
     nothing_left(two)
+
+
+def test_faults_fail_their_variants_clearly_and_the_sweep_goes_on(two: Cluster, workdir: Path) -> None:
+    """One sweep, four variants: a follower dying during startup, a node below the memory
+    gate (twice), and one that runs; each fault is one clear line, nothing is left behind."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers import run_cli
+
+    args = ["sweep", *two.overrides(), *FAST, "+server.env.FAKE_VLLM_MODE=follower-crash,serve"]
+    args += ["launcher.min_available_gib=100000,0.5", "--no-baseline", "bench=smoke", "suite=none"]
+    args += [
+        "~bench.cases.long_input",
+        "~bench.cases.concurrent4",
+        "tracking.experiment=faults",
+        "--name",
+        "f",
+    ]
+    out = run_cli(args, workdir, timeout=400)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]  # some variants failed
+    variants = json.loads((workdir / "results" / "f" / "sweep.json").read_text())["variants"]
+    crash_gated, crash, serve_gated, serve = variants
+    for v in (crash_gated, serve_gated):
+        assert v["status"] == "failed" and v["error"].startswith("memory gate: node0 has "), v["error"]
+        assert "below launcher.min_available_gib=100000 (before the launch)" in v["error"]
+    assert crash["status"] == "failed"
+    assert crash["error"].startswith(
+        f"node1 (rank 1, {two.nodes[1].address}) exited with code 3 during startup"
+    )
+    assert serve["status"] == "ok" and serve["cases"]["single"]["failed_requests"] == 0
+    nothing_left(two)
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("faults")
+    assert exp is not None
+    runs = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("specexp.kind") == "variant"
+    ]
+    gated = [r for r in runs if "specexp.memory_gate" in r.data.tags]
+    assert len(gated) == 2 and all(r.info.status == "FAILED" for r in gated)
+    assert all(r.data.tags["specexp.memory_gate"].startswith("node0: ") for r in gated)
+    assert all(r.data.tags["specexp.memory_gate"].endswith(" GiB < 100000 GiB") for r in gated)
