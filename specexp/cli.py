@@ -20,12 +20,16 @@ from specexp.errors import ConfigError, SpecexpError
 
 if TYPE_CHECKING:
     from specexp.config.schema import Config
+    from specexp.config.variant import Variant
+    from specexp.launch.doctor import Diagnosis
 
 EPILOG = """examples:
   python -m specexp sweep spec.depth=3,5
   python -m specexp sweep spec.depth=3,5 attention=flashinfer,b12x server.block_size=16,32 --dry-run
   python -m specexp sweep experiment=spark_glm_mtp --dry-run
   python -m specexp show spec=ngram
+  python -m specexp restarts 3 experiment=spark_glm_mtp
+  python -m specexp doctor experiment=spark_glm_mtp
 """
 
 
@@ -86,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--print-only", action="store_true", help="print the mlflow server command, start nothing"
     )
+    rs = sub.add_parser(
+        "restarts", help="launch one variant N times: time to ready and its phases on every node"
+    )
+    rs.add_argument("n", type=int, help="how many launches")
+    rs.add_argument("overrides", nargs="*", help="Hydra overrides naming exactly one variant")
+    dr = sub.add_parser(
+        "doctor",
+        help="diagnose a stalled or running multi-node vLLM on launcher.nodes: py-spy stacks, "
+        "listening addresses, hostname resolution, GLOO_SOCKET_IFNAME",
+    )
+    dr.add_argument("overrides", nargs="*", help="Hydra overrides (launcher=multinode launcher.nodes=...)")
     su = sub.add_parser("suite", help="the functional regression suites (conf/suite/)")
     su.add_argument("action", choices=["show"])
     su.add_argument("name", nargs="?", help="suite name (default: the configured one)")
@@ -165,6 +180,59 @@ def _suite(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(table)
     return 0
+
+
+def _one_variant(overrides: list[str], what: str) -> Variant:
+    from specexp.config.compose import plan_sweep
+
+    variants = plan_sweep(overrides, with_baseline=False)
+    if len(variants) != 1:
+        raise ConfigError(f"{what} takes one variant; these overrides make {len(variants)}")
+    return variants[0]
+
+
+def _restarts(args: argparse.Namespace, console: Console) -> int:
+    from specexp.run.restarts import run_restarts
+    from specexp.run.sweep import launch_plans
+
+    variant = _one_variant(args.overrides, "restarts")
+    (plan,) = launch_plans([variant])
+    result = run_restarts(args.n, variant, plan, console)
+    return 0 if all(r.ok for r in result.restarts) else 1
+
+
+def _doctor(args: argparse.Namespace, console: Console) -> int:
+    from specexp.launch.doctor import diagnose
+    from specexp.launch.ssh import LoopThread, connect_all, targets
+
+    variant = _one_variant(args.overrides, "doctor")
+    cfg = variant.config.launcher
+    if not cfg.nodes:
+        raise ConfigError(
+            "doctor examines launcher.nodes: give them (launcher=multinode launcher.nodes=[...])"
+        )
+
+    async def examine() -> Diagnosis:
+        nodes = await connect_all(targets(cfg))
+        try:
+            return await diagnose(
+                nodes,
+                [n.address or n.host for n in cfg.nodes],
+                nnodes=len(nodes),
+                py_spy=list(cfg.py_spy),
+                timeout_s=cfg.doctor_timeout_s,
+            )
+        finally:
+            for node in nodes:
+                await node.close()
+
+    loop = LoopThread()
+    try:
+        diag = loop.call(examine(), timeout_s=cfg.doctor_timeout_s + cfg.ssh.connect_timeout_s + 15)
+    finally:
+        loop.close()
+    console.print(diag.render(), highlight=False, markup=False, soft_wrap=True)
+    return 1 if diag.cause else 0
 
 
 def _config(overrides: Sequence[str]) -> Config:
@@ -270,6 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _compare(args, console)
         if args.cmd == "sync":
             return _sync(args, console)
+
+        if args.cmd == "restarts":
+            return _restarts(args, console)
+        if args.cmd == "doctor":
+            return _doctor(args, console)
         return _ui(args, console)
     except SpecexpError as exc:
         err.print(f"specexp: error: {exc}", markup=False, soft_wrap=True)

@@ -81,6 +81,8 @@ def variant_metrics(result: VariantResult) -> dict[str, float]:
         out["regression.regressions"] = float(len(suite.regressions))
         if suite.equivalence_rate is not None:
             out["equivalence.rate"] = suite.equivalence_rate
+    if isinstance(result.effective.get("nccl.busbw_gbs"), int | float):  # the NCCL preflight
+        out["nccl.busbw_gbs"] = float(result.effective["nccl.busbw_gbs"])
     if result.ready_s is not None:
         out["startup.ready_s"] = result.ready_s
     return out
@@ -257,6 +259,35 @@ class MlflowRecorder:
         if plots.is_dir():
             client.log_artifacts(parent, str(plots), artifact_path="plots")
         client.set_terminated(parent, status=_SWEEP_STATUS[sweep.status])
+
+    def log_run(
+        self,
+        run_name: str,
+        tags: dict[str, str],
+        params: dict[str, Any],
+        metrics: list[tuple[str, float, int]],
+        artifacts: list[Path],
+        ok: bool,
+    ) -> str:
+        """A run of its own (not part of a sweep), e.g. ``restarts``: ``metrics`` are
+        (key, value, step); closed FINISHED or FAILED once everything is logged."""
+        from mlflow.entities import Metric
+
+        client = self.client
+        run_id: str = client.create_run(self._experiment(), run_name=run_name, tags=tags).info.run_id
+        try:
+            self._log_params(run_id, params)
+            ts = _now_ms()
+            batch = [Metric(k, float(v), ts, step) for k, v, step in metrics]
+            for i in range(0, len(batch), 900):
+                client.log_batch(run_id, metrics=batch[i : i + 900])
+            for path in artifacts:
+                client.log_artifact(run_id, str(path))
+        except BaseException:
+            client.set_terminated(run_id, status="FAILED")
+            raise
+        client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
+        return run_id
 
     # -- helpers -------------------------------------------------------------------------
     def _experiment(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -30,7 +31,7 @@ from specexp.assets import embedded
 from specexp.config.sweep_plan import SweepPlan
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, ValidationFailed
-from specexp.launch.base import Launcher, create_launcher, launcher_class
+from specexp.launch.base import Launcher, create_launcher, launcher_class, target_device
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
@@ -62,14 +63,25 @@ def check_inputs(variants: list[Variant]) -> None:
             workload.load(case.workload or v.config.bench.workload)
 
 
-def launch_plans(variants: list[Variant], *, resolve_model: bool = True) -> list[LaunchPlan]:
-    return [build_plan(v, resolve_model=resolve_model) for v in variants]
+def launch_plans(
+    variants: list[Variant], *, resolve_model: bool = True, connect: bool = True
+) -> list[LaunchPlan]:
+    """Each variant's plan, for the device of the node that serves it (asked once per
+    distinct launcher setting; a dry run never connects anywhere)."""
+    devices: dict[str, str | None] = {}
+    plans = []
+    for v in variants:
+        key = json.dumps(v.resolved.get("launcher"), sort_keys=True, default=str)
+        if key not in devices:
+            devices[key] = target_device(v.config.launcher, connect=connect)
+        plans.append(build_plan(v, device=devices[key], resolve_model=resolve_model))
+    return plans
 
 
 def dry_run(variants: list[Variant], console: Console, validate: bool = True) -> list[ValidationResult]:
     """Print every variant's exact argv and env, and what vLLM's own checks say about it."""
     check_inputs(variants)
-    plans = launch_plans(variants)
+    plans = launch_plans(variants, connect=False)
     checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
     console.print(f"{len(plans)} variant(s)", highlight=False)
     for i, (variant, plan, check) in enumerate(zip(variants, plans, checks, strict=True)):
