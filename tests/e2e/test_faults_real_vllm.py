@@ -90,7 +90,7 @@ def test_a_killed_server_fails_only_its_variant_and_a_dead_store_is_synced_later
     )
     try:
         sweep_dir = workdir / "results" / "faults"
-        launch = _watch(sweep_dir, "ngram-k5", 500)
+        launch = _watch(sweep_dir, "ngram-k5", 900)
         log = next(sweep_dir.glob("*ngram-k5*/server.log"))
         # warm-up plus one whole trial (6 requests) answered: k5 has measured data to keep
         deadline = time.monotonic() + 300
@@ -164,7 +164,7 @@ def test_a_frozen_server_times_out_fails_its_variant_and_is_stopped(workdir: Pat
         text=True,
     )
     try:
-        launch = _watch(workdir / "results" / "frozen", "baseline", 500)
+        launch = _watch(workdir / "results" / "frozen", "baseline", 900)
         victims = _server_pids(marker, launch["base_url"])
         for v in victims:
             v.send_signal(signal.SIGSTOP)  # mid-stream: the requests in flight get no more data

@@ -76,7 +76,7 @@ def test_interrupted_sweep_resumes_reusing_what_finished_and_reads_back(workdir:
             logs = list(sweep_dir.glob("01-*/server.log"))
             return bool(logs) and "Application startup complete" in logs[0].read_text()
 
-        _wait_for(second_variant_measuring, 400, "the second variant's server")
+        _wait_for(second_variant_measuring, 900, "the second variant's server")
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=120)
     finally:
