@@ -116,8 +116,9 @@ class MlflowRecorder:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            # mlflow sets its logger to INFO when imported: quiet it (and alembic) after that
-            logging.getLogger("mlflow").setLevel(logging.WARNING)
+            # mlflow sets its logger to INFO when imported and logs a traceback before raising
+            # a store error; specexp reports a failing store itself, in one line
+            logging.getLogger("mlflow").setLevel(logging.CRITICAL)
             logging.getLogger("alembic").setLevel(logging.WARNING)
             client = MlflowClient(tracking_uri=self.uri)
             exp = client.get_experiment_by_name(self.cfg.experiment)
