@@ -31,6 +31,24 @@ check_python() {
     || { log "need Python >= 3.11 (set PYTHON=...)"; exit 2; }
 }
 
+SYSTEM_PKGS=(bubblewrap)  # Debian packages: bubblewrap is the functional suite's code jail
+
+setup_system_packages() {
+  local missing=() pkg
+  for pkg in "${SYSTEM_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  ((${#missing[@]})) || return 0
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "not a Debian system: install ${missing[*]} yourself (without bubblewrap, code checks are not run)"
+    return
+  fi
+  local sudo=(); [[ "$(id -u)" -eq 0 ]] || sudo=(sudo)
+  log "system packages: ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 setup_orchestrator() {
   local want; want="$(stamp_of "$(cat "$ROOT/pyproject.toml")")"
   if [[ -x "$VENV/bin/python" && "$(cat "$VENV/.specexp-stamp" 2>/dev/null)" == "$want" ]]; then
@@ -75,6 +93,7 @@ setup_model() {
 
 setup() {
   check_python
+  setup_system_packages
   setup_orchestrator
   setup_vllm
   setup_model
