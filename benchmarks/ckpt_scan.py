@@ -15,15 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from safetensors import safe_open
 
-from checkpoints_tools.header import read_checkpoint
-from checkpoints_tools.scan import scan
-from checkpoints_tools.synthetic import write_safetensors
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from checkpoints_tools.header import read_checkpoint  # noqa: E402
+from checkpoints_tools.scan import scan  # noqa: E402
+from tests.fixtures.checkpoints import write_safetensors  # noqa: E402
 
 
 def build(root: Path, shards: int, tensors: int) -> None:

@@ -198,7 +198,8 @@ async def run_suite(
             say(f"suite {name}: all {len(runnable)} case(s) again at once (the baseline's own noise)")
             t_again = time.perf_counter()
             again = await _all_at_once(asker, runnable, code_timeout_s)
-            result.repeat = SuiteResult(name=name, cases=again, wall_s=round(time.perf_counter() - t_again, 3))
+            result.repeat = SuiteResult(name=name, cases=again)
+            result.repeat.wall_s = round(time.perf_counter() - t_again, 3)
             compare_repeat(result, tokenizer)
         if baseline is not None:
             by_name = {c.name: c for c in cases}

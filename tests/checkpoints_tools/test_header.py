@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from checkpoints_tools.header import DTYPE_BITS, Dtype, HeaderError, read_checkpoint, read_header
-from checkpoints_tools.synthetic import glm_like, write_safetensors
+from tests.fixtures.checkpoints import glm_like, write_safetensors
 
 
 def raw_file(path: Path, header: bytes, data: bytes = b"", n: int | None = None) -> Path:

@@ -11,7 +11,7 @@ from checkpoints_tools.cli import main
 from checkpoints_tools.fix import apply_fix, hf_overrides, rollback
 from checkpoints_tools.header import read_checkpoint
 from checkpoints_tools.scan import OVER_IGNORED, UNQUANTIZED, scan
-from checkpoints_tools.synthetic import glm_like, qwen3_next_like
+from tests.fixtures.checkpoints import glm_like, qwen3_next_like
 
 
 def files(d: Path) -> dict[str, bytes]:
