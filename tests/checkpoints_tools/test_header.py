@@ -134,6 +134,39 @@ def test_index_naming_a_tensor_the_shard_lacks(tmp_path: Path) -> None:
         read_checkpoint(tmp_path)
 
 
+def _remap(root: Path, change) -> None:  # type: ignore[no-untyped-def]
+    index = root / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    change(doc["weight_map"])
+    index.write_text(json.dumps(doc))
+
+
+def test_index_mapping_a_tensor_to_the_wrong_shard_or_not_at_all(tmp_path: Path) -> None:
+    glm_like(tmp_path, shards=2)
+    _remap(tmp_path, lambda wm: wm.update({"lm_head.weight": "model-00001-of-00002.safetensors"}))
+    with pytest.raises(HeaderError, match=r"'lm_head.weight' is mapped to model-00001-of-00002.* but is in"):
+        read_checkpoint(tmp_path)
+    _remap(tmp_path, lambda wm: wm.pop("lm_head.weight"))
+    with pytest.raises(HeaderError, match=r"'lm_head.weight' is not listed but is in model-00002-of-00002"):
+        read_checkpoint(tmp_path)
+
+
+def test_a_tensor_stored_in_two_files_is_named_with_both(tmp_path: Path) -> None:
+    write_safetensors(tmp_path / "a.safetensors", {"w": ("U8", (4,)), "x": ("U8", (4,))})
+    write_safetensors(tmp_path / "b.safetensors", {"w": ("U8", (4,))})
+    with pytest.raises(HeaderError, match=r"^b.safetensors: tensor 'w' also appears in a.safetensors$"):
+        read_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_answers_dtype_and_shape_per_tensor(tmp_path: Path) -> None:
+    write_safetensors(tmp_path / "a.safetensors", {"w": ("BF16", (4, 8)), "s": ("F8_E4M3", (4, 1))})
+    write_safetensors(tmp_path / "b.safetensors", {"g": ("F32", ())})
+    tensors = read_checkpoint(tmp_path)
+    assert sorted(tensors) == ["g", "s", "w"] and len(tensors) == 3
+    assert tensors["w"] == ("BF16", (4, 8)) and tensors["g"].shape == () and tensors.dtype("s") == "F8_E4M3"
+    assert tensors.get("nope") is None and tensors.dtype("nope") is None and "nope" not in tensors
+
+
 @pytest.mark.parametrize(
     "index", [b"[]", b'{"weight_map": {"a": 1}}', b'{"weight_map": ["x"]}', b"{", b'{"other": {}}']
 )
