@@ -46,9 +46,6 @@ class TensorInfo(NamedTuple):
     shape: tuple[int, ...]
 
 
-_info = tuple.__new__  # builds a TensorInfo without the Python-level __new__ of a NamedTuple
-
-
 class Tensors(Mapping[str, TensorInfo]):
     """Tensor name → dtype and shape, asked of the open shard that holds the tensor.
 
@@ -58,26 +55,20 @@ class Tensors(Mapping[str, TensorInfo]):
     def __init__(self, where: dict[str, str], handles: dict[str, Any]) -> None:
         self._where, self._handles = where, handles  # handles: file name → safe_open object
 
+    def view(self, name: str) -> Any:
+        """safetensors' view of one tensor (``get_dtype()``, ``get_shape()``), ``None`` for no
+        such tensor: one call per lookup, for the module check's 25,000 lookups per large
+        checkpoint."""
+        shard = self._where.get(name)
+        return None if shard is None else self._handles[shard].get_slice(name)
+
     def __getitem__(self, name: str) -> TensorInfo:
         view = self._handles[self._where[name]].get_slice(name)
-        return _info(TensorInfo, (view.get_dtype(), tuple(view.get_shape())))
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """``Mapping.get`` in one call: the module check asks 25,000 times per large checkpoint."""
-        shard = self._where.get(name)
-        if shard is None:
-            return default
-        view = self._handles[shard].get_slice(name)
-        return _info(TensorInfo, (view.get_dtype(), tuple(view.get_shape())))
+        return TensorInfo(view.get_dtype(), tuple(view.get_shape()))
 
     def names(self) -> KeysView[str]:
         """The names, for membership tests at C speed."""
         return self._where.keys()
-
-    def dtype(self, name: str) -> str | None:
-        """The dtype alone (``None`` for no such tensor): half the cost of ``self[name]``."""
-        shard = self._where.get(name)
-        return None if shard is None else str(self._handles[shard].get_slice(name).get_dtype())
 
     def __contains__(self, name: object) -> bool:
         return name in self._where

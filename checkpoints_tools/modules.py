@@ -23,7 +23,6 @@ class Module(NamedTuple):
 
     name: str
     storage: str  # nvfp4-modelopt | nvfp4-ct | fp8 | bf16 | f16 | f32 | ...
-    shape: tuple[int, ...]
     linear: bool  # a 2-D weight that a quantization config could apply to
 
     @property
@@ -47,23 +46,23 @@ def group(tensors: Tensors) -> dict[str, Module]:
     parameters are looked up by name, so the loop runs per module, not per tensor
     (25,000 modules, 100,000 tensors on large MoE checkpoints), and only the dtypes and
     shapes it needs are read."""
-    get, names = tensors.get, tensors.names()
+    view, names = tensors.view, tensors.names()
     modules: dict[str, Module] = {}
-    storage_of: dict[tuple[str | None, str | None, bool], str] = {}
+    storage_of: dict[tuple[str, str | None, bool], str] = {}
     for name in [n for n in names if n.endswith(_WEIGHT_LEAVES)]:
         prefix = name.rpartition(".")[0]
         if not prefix or prefix in modules:
             continue
-        w = get(prefix + ".weight")
+        w = view(prefix + ".weight")
         packed = w is None or name.endswith("_packed") or (prefix + ".weight_packed") in names
         if w is None:
-            w = tensors[name]
-        dtype, shape = w
-        scale = tensors.dtype(prefix + ".weight_scale") if dtype == "U8" else None  # only NVFP4 needs it
-        key = (dtype, scale, packed)
+            w = view(name)
+        dtype = w.get_dtype()
+        scale = view(prefix + ".weight_scale") if dtype == "U8" else None  # only NVFP4 needs it
+        key = (dtype, scale.get_dtype() if scale is not None else None, packed)
         storage = storage_of.get(key)
         if storage is None:
-            storage = storage_of[key] = _storage(dtype, key[1], packed)
-        linear = len(shape) == 2 and not prefix.endswith(NEVER_QUANTIZED_SUFFIXES)
-        modules[prefix] = Module(prefix, storage, shape, linear)
+            storage = storage_of[key] = _storage(*key)
+        linear = len(w.get_shape()) == 2 and not prefix.endswith(NEVER_QUANTIZED_SUFFIXES)
+        modules[prefix] = Module(prefix, storage, linear)
     return modules
