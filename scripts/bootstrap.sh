@@ -68,11 +68,11 @@ setup_vllm() {
 
 # System tools the tests use, as command:package: sshd inside network namespaces (multi-node
 # nodes), iproute2 for the namespaces and veth pairs, ss and ps for the doctor, a browser for
-# the MLflow UI test. Installed only when missing; no service is started (policy-rc.d refuses
+# the MLflow UI test, bubblewrap as the functional suite's code jail. Installed only when missing; no service is started (policy-rc.d refuses
 # it for the time of the install).
 SYSTEM_TOOLS=(
   sshd:openssh-server ssh:openssh-client ip:iproute2 ss:iproute2 unshare:util-linux setsid:util-linux
-  ps:procps getent:libc-bin chromium:chromium
+  ps:procps getent:libc-bin chromium:chromium bwrap:bubblewrap
 )
 setup_system() {
   local missing=() item
