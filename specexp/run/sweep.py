@@ -184,11 +184,15 @@ def _find_resumable(plan: SweepPlan, name: str | None) -> _Resumed:
                 "resume with the same overrides, or start a new sweep"
             )
     else:
-        matching = [f for f in list_sweeps(plan.results_dir) if load_sweep(f).plan == want]
+        sweeps = list_sweeps(plan.results_dir)
+        matching = [f for f in sweeps if load_sweep(f).plan == want]
         if not matching:
-            raise ConfigError(
-                f"no sweep under {plan.results_dir} has this plan to resume; run without --resume"
+            latest = (
+                f"; the latest, {sweeps[-1].name}: {_describe_difference(want, load_sweep(sweeps[-1]).plan)}"
+                if sweeps
+                else "; run without --resume"
             )
+            raise ConfigError(f"no sweep under {plan.results_dir} has this plan to resume{latest}")
         folder = matching[-1]
         sweep = load_sweep(folder)
     folders = variant_folders(folder)
