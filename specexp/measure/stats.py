@@ -1,4 +1,4 @@
-"""Pure statistics over trials (reused by compare and tune later).
+"""Pure statistics over trials: summaries, outliers and verdicts against the baseline.
 
 One trial lies (seed 000: a "3.1 tok/s regression" was noise; five trials said 6.7 with
 a range of 6.4-10.2), so every figure is a median with its range, MAD and CV; a trial far
@@ -79,9 +79,15 @@ def _rank_sum_counts(n: int, m: int) -> tuple[int, ...]:
 
 
 def _trim(n: int, m: int, confidence: float) -> int:
-    """How many of the n·m pairwise differences to drop at each end for an exact interval
-    (normal approximation with continuity correction past 25 x 25 trials, where the exact
-    table gets large and the approximation is good)."""
+    """Rank k of the interval's ends among the n·m sorted pairwise differences: the
+    interval is D(k) … D(nm+1-k) (1-based), the narrowest whose coverage
+    1 - 2·P(U <= k-1) is at least ``confidence``; 0 when no interval reaches it.
+
+    D(k) lies above the true shift exactly when at most k-1 differences fall below it,
+    which has the null probability P(U <= k-1); so k is one more than the largest d with
+    P(U <= d) <= (1 - confidence)/2 (R's ``wilcox.test`` takes the same D(q), q =
+    qwilcox(α/2, n, m)). Past 25 x 25 trials the exact table gets large and the normal
+    approximation with continuity correction gives the same k."""
     if n * m > 625:
         z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
         return max(0, math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12) + 0.5))
@@ -128,8 +134,8 @@ def compare(
     diffs = sorted(y - x for x in b for y in v)
     k = _trim(len(b), len(v), confidence)
     ratio = math.exp(statistics.median(diffs))
-    lo = math.exp(diffs[k]) if k else None
-    hi = math.exp(diffs[-1 - k]) if k else None
+    lo = math.exp(diffs[k - 1]) if k else None  # D(k), 1-based
+    hi = math.exp(diffs[-k]) if k else None  # D(nm+1-k)
     verdict: Literal["better", "worse", "no clear difference"] = "no clear difference"
     if lo is not None and lo > 1:
         verdict = "better" if higher_is_better else "worse"
