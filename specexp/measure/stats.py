@@ -13,10 +13,12 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from specexp.measure.prometheus import ServerWindow
 from specexp.record.results import CaseResult, RequestRecord, Summary, VariantResult, Verdict
 
 OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut for the modified z-score
 OUTLIER_MIN_REL = 0.05  # and at least 5 % from the median: two near-equal trials make MAD tiny
+SERVER_GAP_LIMIT = 0.05  # client and server decode speed may differ by this much before it is flagged
 
 
 def mad(values: Sequence[float]) -> float:
@@ -199,6 +201,34 @@ def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurren
     ]
     if decode:
         out["decode_tok_s"] = statistics.median(decode)
+    reasoning = [r.reasoning_tokens for r in ok if r.reasoning_tokens is not None]
+    if reasoning:
+        out["reasoning_tokens"] = float(sum(reasoning))
+    return out
+
+
+def server_metrics(records: Sequence[RequestRecord], window: ServerWindow | None) -> dict[str, float]:
+    """The server's own decode speed over the window, and how far the client's is from it.
+
+    Both sides are totals over the window's requests, Σ(tokens − 1) / Σ decode time: the
+    server's from its histograms (first to last token of each request), the client's from
+    its windows (first to last chunk carrying choices). Compared only when every request
+    of the window, and nothing else, finished inside it: otherwise the totals are not of
+    the same requests.
+    """
+    ok = [r for r in records if r.ok and r.ttft_s is not None and r.latency_s is not None]
+    if window is None or window.requests != len(ok) or not ok:
+        return {}
+    out: dict[str, float] = {}
+    server = window.decode_tok_s
+    if server is not None:
+        out["server_decode_tok_s"] = server
+    if window.inverse_mean_tpot is not None:
+        out["server_inv_tpot_tok_s"] = window.inverse_mean_tpot
+    client_s = sum(r.latency_s - r.ttft_s for r in ok if r.latency_s is not None and r.ttft_s is not None)
+    client_tokens = sum(max(r.output_tokens - 1, 0) for r in ok)
+    if server and client_s > 0:
+        out["client_server_gap"] = client_tokens / client_s / server - 1
     return out
 
 
@@ -207,19 +237,36 @@ def primary_metric(case: CaseResult) -> str:
     return "decode_tok_s" if case.concurrency == 1 else "output_tok_s"
 
 
-def attach_verdicts(result: VariantResult, baseline: VariantResult | None, confidence: float = 0.95) -> None:
+def attach_verdicts(
+    result: VariantResult, baseline: VariantResult | None, confidence: float = 0.95, trust_loops: bool = False
+) -> None:
     """Set each case's verdict against the same case of the baseline (trial values, not medians)."""
     if baseline is None:
         return
     for name, case in result.cases.items():
         base = baseline.cases.get(name)
         if base is not None:
-            case.verdict = case_verdict(case, base, confidence)
+            case.verdict = case_verdict(case, base, confidence, trust_loops)
 
 
-def case_verdict(case: CaseResult, base: CaseResult, confidence: float = 0.95) -> Verdict | None:
-    """A case's main figure against the same case of the baseline, trial by trial."""
+def case_verdict(
+    case: CaseResult, base: CaseResult, confidence: float = 0.95, trust_loops: bool = False
+) -> Verdict | None:
+    """A case's main figure against the same case of the baseline, trial by trial.
+
+    Failed trials (windows that are not measurements) take no part. When the outputs of
+    either side loop, prompt lookup "accepts" the repetition and the speed-up is not
+    real, so no winner is named ("not trusted"), whatever the interval says;
+    ``trust_loops`` (``bench.trust_loops``) is for workloads that loop on purpose.
+    """
     key = primary_metric(case)
-    b = [t.metrics[key] for t in base.trials if key in t.metrics]
-    v = [t.metrics[key] for t in case.trials if key in t.metrics]
-    return compare(key, b, v, confidence=confidence)
+    b = [t.metrics[key] for t in base.trials if t.ok and key in t.metrics]
+    v = [t.metrics[key] for t in case.trials if t.ok and key in t.metrics]
+    verdict = compare(key, b, v, confidence=confidence)
+    if verdict is not None and not trust_loops and (case.looping_outputs or base.looping_outputs):
+        verdict.verdict = "not trusted"
+        verdict.reason = (
+            f"outputs loop ({case.looping_outputs} here, {base.looping_outputs} at the baseline): "
+            "speed and acceptance are inflated"
+        )
+    return verdict

@@ -7,14 +7,17 @@ import statistics
 
 import pytest
 
+from specexp.measure.prometheus import ServerWindow
 from specexp.measure.stats import (
     _trim,
     attach_verdicts,
+    case_verdict,
     compare,
     jain_index,
     look_confidence,
     min_trials,
     outlier_indices,
+    server_metrics,
     summarize,
     trial_metrics,
 )
@@ -243,3 +246,52 @@ def test_normal_approximation_past_625_pairs_keeps_the_coverage(n: int, m: int) 
     _, r_lo, r_hi = got
     assert r_lo == k and r_hi == n * m + 1 - k
     assert 1 - 2 * sum(counts[:r_lo]) / total >= 0.95
+
+
+def _case(values: list[float], looping: int = 0) -> CaseResult:
+    trials = [
+        TrialRecord(case="c", trial=i, duration_s=1.0, requests=[], metrics={"decode_tok_s": v})
+        for i, v in enumerate(values)
+    ]
+    return CaseResult(case="c", concurrency=1, trials=trials, summary={}, looping_outputs=looping)
+
+
+def test_a_case_whose_outputs_loop_gets_no_winner_unless_loops_are_trusted() -> None:
+    base, fast = [35.0, 35.5, 34.8, 35.2, 35.1], [99.0, 98.0, 101.0, 100.0, 97.0]
+    clear = case_verdict(_case(fast), _case(base))
+    assert clear is not None and clear.verdict == "better"
+    for var, ref in ((_case(fast, looping=2), _case(base)), (_case(fast), _case(base, looping=1))):
+        v = case_verdict(var, ref)
+        assert v is not None and v.verdict == "not trusted" and "loop" in (v.reason or "")
+        assert v.ratio == pytest.approx(clear.ratio)  # the figure is still shown
+        trusted = case_verdict(var, ref, trust_loops=True)
+        assert trusted is not None and trusted.verdict == "better"
+    result = VariantResult(
+        label="v", variant_hash="h", is_baseline=False, overrides=[], cases={"c": _case(fast, looping=2)}
+    )
+    baseline = VariantResult(
+        label="b", variant_hash="b", is_baseline=True, overrides=[], cases={"c": _case(base)}
+    )
+    attach_verdicts(result, baseline)
+    assert result.cases["c"].verdict is not None and result.cases["c"].verdict.verdict == "not trusted"
+    attach_verdicts(result, baseline, trust_loops=True)
+    assert result.cases["c"].verdict is not None and result.cases["c"].verdict.verdict == "better"
+
+
+def test_server_metrics_compare_totals_of_the_same_requests() -> None:
+    records = [rec(0, 0.1, 2.1, 41), rec(1, 0.2, 1.2, 21)]  # 60 decode tokens over 3.0 s on the client
+    window = ServerWindow(requests=2, decode_s=2.8, decode_tokens=60, tpot_sum_s=0.1, tpot_count=2)
+    m = server_metrics(records, window)
+    assert m["server_decode_tok_s"] == pytest.approx(60 / 2.8)
+    assert m["server_inv_tpot_tok_s"] == pytest.approx(20.0)
+    assert m["client_server_gap"] == pytest.approx((60 / 3.0) / (60 / 2.8) - 1)
+    # a window with a request the client did not see finish (or one more): no comparison
+    assert server_metrics(records, ServerWindow(3, 2.8, 60, 0.1, 3)) == {}
+    assert server_metrics(records, None) == {}
+
+
+def test_reasoning_tokens_are_summed_per_window() -> None:
+    a, b = rec(0, 0.1, 1.1, 21), rec(1, 0.1, 1.1, 21)
+    a.reasoning_tokens = 15
+    assert trial_metrics([a, b], 1.0, 1)["reasoning_tokens"] == 15
+    assert "reasoning_tokens" not in trial_metrics([b], 1.0, 1)
