@@ -259,10 +259,7 @@ def case_verdict(
     real, so no winner is named ("not trusted"), whatever the interval says;
     ``trust_loops`` (``bench.trust_loops``) is for workloads that loop on purpose.
     """
-    key = primary_metric(case)
-    b = [t.metrics[key] for t in base.trials if t.ok and key in t.metrics]
-    v = [t.metrics[key] for t in case.trials if t.ok and key in t.metrics]
-    verdict = compare(key, b, v, confidence=confidence)
+    verdict = metric_verdict(case, base, primary_metric(case), confidence)
     if verdict is not None and not trust_loops and (case.looping_outputs or base.looping_outputs):
         verdict.verdict = "not trusted"
         verdict.reason = (
@@ -270,3 +267,15 @@ def case_verdict(
             "speed and acceptance are inflated"
         )
     return verdict
+
+
+def metric_verdict(
+    case: CaseResult, base: CaseResult, metric: str, confidence: float = 0.95, higher_is_better: bool = True
+) -> Verdict | None:
+    """Any per-trial figure of a case against the baseline's, over the trials that are
+    measurements: the Hodges-Lehmann ratio and its interval, as the table shows them (the
+    ratio to log as ``<case>.<metric>.vs_baseline``, not a ratio of medians, which can
+    fall outside its own interval)."""
+    b = [t.metrics[metric] for t in base.trials if t.ok and metric in t.metrics]
+    v = [t.metrics[metric] for t in case.trials if t.ok and metric in t.metrics]
+    return compare(metric, b, v, higher_is_better=higher_is_better, confidence=confidence)

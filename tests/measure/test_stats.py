@@ -15,6 +15,7 @@ from specexp.measure.stats import (
     compare,
     jain_index,
     look_confidence,
+    metric_verdict,
     min_trials,
     outlier_indices,
     server_metrics,
@@ -295,3 +296,18 @@ def test_reasoning_tokens_are_summed_per_window() -> None:
     a.reasoning_tokens = 15
     assert trial_metrics([a, b], 1.0, 1)["reasoning_tokens"] == 15
     assert "reasoning_tokens" not in trial_metrics([b], 1.0, 1)
+
+
+def test_the_logged_ratio_is_the_hodges_lehmann_one_and_lies_inside_its_interval() -> None:
+    # medians 10 and 12 (a ratio of 1.2), the pairwise ratios put the estimate at 1.1: the
+    # figure to log is the one the table shows and the interval is built around
+    base = _case([10.0, 10.0, 10.0, 10.1, 13.0])
+    var = _case([11.0, 11.0, 12.0, 12.1, 12.2])
+    v = metric_verdict(var, base, "decode_tok_s")
+    assert v is not None and v.ci_low is not None and v.ci_high is not None
+    assert v.ci_low <= v.ratio <= v.ci_high
+    assert v.ratio == pytest.approx(
+        statistics.median(y / x for x in [10, 10, 10, 10.1, 13] for y in [11, 11, 12, 12.1, 12.2]), rel=0.01
+    )
+    verdict = case_verdict(var, base)
+    assert verdict is not None and verdict.ratio == v.ratio
