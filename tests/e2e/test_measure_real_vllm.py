@@ -1,6 +1,7 @@
-"""The measurement path on the real CPU vLLM: a reasoning parser's stream, the client's decode
-windows against the server's own histograms, and the acceptance counters' consistency
-(one server with ngram k=3 and a reasoning parser; about a minute)."""
+"""The measurement path on the real CPU vLLM: a reasoning parser's stream, a warm-up that
+made the server draft, the client's decode windows against the server's own histograms,
+and the acceptance counters' consistency (one server with ngram k=3 and a reasoning
+parser; about two minutes)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from specexp.config.compose import plan_sweep
 from specexp.config.schema import BenchConfig, CaseConfig
 from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import build_plan
+from specexp.measure import prometheus
 from specexp.measure.client import chat_payload, session, stream_chat
 from specexp.measure.runner import VariantBench, _case_result
 from specexp.record.results import RequestRecord, TrialRecord
@@ -40,7 +43,7 @@ def test_reasoning_stream_and_server_cross_check_on_real_vllm(tmp_path: Path) ->
     with LocalLauncher(build_plan(variant), tmp_path / "server.log", ready_timeout_s=600) as launcher:
         endpoint = launcher.wait_ready()
 
-        async def go() -> tuple[RequestRecord, list[TrialRecord]]:
+        async def go() -> tuple[RequestRecord, float, list[TrialRecord]]:
             async with session(300) as client:
                 thinking = await stream_chat(
                     client,
@@ -56,11 +59,15 @@ def test_reasoning_stream_and_server_cross_check_on_real_vllm(tmp_path: Path) ->
                     t0=time.perf_counter(),
                     timeout_s=300,
                 )
-            async with VariantBench(endpoint, bench) as vb:
+            async with VariantBench(endpoint, bench) as vb, httpx.AsyncClient() as control:
+                # the warm-up made the server draft, so the ngram proposer's numba kernel is
+                # compiled before the first trial instead of inside it
+                warmed = await prometheus.scrape(control, endpoint.metrics_url)
                 await vb.run_trial(1)
-            return thinking, vb.trials["single"]
+            return thinking, warmed.drafts, vb.trials["single"]
 
-        thinking, trials = asyncio.run(go())
+        thinking, warm_drafts, trials = asyncio.run(go())
+        assert warm_drafts > 0
 
     # the whole answer came as reasoning: timed, kept, not a "no content" failure
     assert thinking.ok, thinking.error

@@ -15,10 +15,12 @@ request stops by itself.
 last token's send, generation tokens, time per output token) and
 ``generation_tokens_total``, in vLLM's exposition format with ``*_created`` samples and
 ``process_start_time_seconds``. ``POST /x/restart`` makes the next chat request act
-as a server restart: new start time, counters from zero. Also answers /health and
-/reset_prefix_cache. Chunked HTTP/1.1 with keep-alive, like uvicorn.
+as a server restart: new start time, counters from zero. With ``--drafts-from=N`` it
+also serves speculative-decoding counters (k = 3), which move only from the N-th chat
+request on (0-based), as when a warm-up request never gave prompt lookup a match. Also
+answers /health and /reset_prefix_cache. Chunked HTTP/1.1 with keep-alive, like uvicorn.
 
-    python -m tests.fakes.scripted_sse PORT [TTFT_MS] [GAP_MS,GAP_MS,...] [--eos-step]
+    python -m tests.fakes.scripted_sse PORT [TTFT_MS] [GAP_MS,...] [--eos-step] [--drafts-from=N]
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Script:
     created: float = field(default_factory=time.time)
     restart_next: bool = False
     counters: dict[str, float] = field(default_factory=dict)
+    drafts_from: int | None = None  # serve spec-decode counters; drafts from this request on
+    requests: int = 0
 
     def restart(self) -> None:
         self.started = self.created = time.time() + 1.0  # a later start than the one it replaces
@@ -53,6 +57,11 @@ class Script:
     def finished(self, tokens: int, first_s: float, last_s: float) -> None:
         c = self.counters
         decode = last_s - first_s
+        if self.drafts_from is not None and self.requests >= self.drafts_from:
+            drafts = tokens // 2  # k = 3 drafts per step, the first token of each accepted
+            for key, value in (("drafts", drafts), ("draft_tokens", 3 * drafts), ("accepted", drafts)):
+                c[key] = c.get(key, 0.0) + value
+        self.requests += 1
         for name, value in (
             ("generation_tokens_total", tokens),
             ("request_decode_time_seconds_sum", decode),
@@ -72,6 +81,19 @@ class Script:
             f"vllm:generation_tokens_total{_LABELS} {self.counters.get('generation_tokens_total', 0.0)}",
             f"vllm:generation_tokens_created{_LABELS} {self.created}",
         ]
+        if self.drafts_from is not None:
+            for name, key in (
+                ("spec_decode_num_drafts", "drafts"),
+                ("spec_decode_num_draft_tokens", "draft_tokens"),
+                ("spec_decode_num_accepted_tokens", "accepted"),
+            ):
+                lines.append(f"# TYPE vllm:{name} counter")
+                lines.append(f"vllm:{name}_total{_LABELS} {self.counters.get(key, 0.0)}")
+            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+            for pos in range(3):
+                value = self.counters.get("accepted", 0.0) if pos == 0 else 0.0
+                labels = f'{{engine="0",model_name="scripted",position="{pos}"}}'
+                lines.append(f"vllm:spec_decode_num_accepted_tokens_per_pos_total{labels} {value}")
         for hist in (
             "request_decode_time_seconds",
             "request_generation_tokens",
@@ -196,8 +218,12 @@ def parse_stamps(text: str) -> tuple[int, list[int]] | None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--eos-step"]
-    script = Script(eos_step="--eos-step" in sys.argv[1:])
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    script = Script(eos_step="--eos-step" in flags)
+    for flag in flags:
+        if flag.startswith("--drafts-from="):
+            script.drafts_from = int(flag.split("=", 1)[1])
     if len(args) > 1:
         script.ttft_s = float(args[1]) / 1000
     if len(args) > 2:

@@ -201,3 +201,58 @@ def test_trust_loops_is_a_bench_key_and_decides_whether_a_looping_case_gets_more
     unclear = {"c": case([10.5, 11.2, 11.9, 11.0], 3)}
     assert runner.undecided(unclear, base, 0.95) == []  # not trusted: more trials cannot help
     assert runner.undecided(unclear, base, 0.95, trust_loops=True) == ["c"]
+
+
+def _server(*flags: str) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.scripted_sse", str(port), "5", "2", *flags],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(("drafts_from", "warm_ups"), [(0, 1), (2, 3), (9, 4)])
+def test_the_warm_up_goes_on_until_the_server_has_drafted(drafts_from: int, warm_ups: int) -> None:
+    """The first draft compiles vLLM's ngram proposer: until the counters show one, the
+    warm-up sends longer requests (at most EXTRA_WARMUPS more), and then stops."""
+    proc, base_url = _server(f"--drafts-from={drafts_from}")
+    try:
+        bench = _scripted_bench(warmup_requests=1)
+        seen: list[str] = []
+
+        async def go() -> None:
+            async with VariantBench(Endpoint(base_url=base_url, model="scripted"), bench, seen.append):
+                pass
+
+        asyncio.run(go())
+        metrics = httpx.get(f"{base_url}/metrics", timeout=5).text
+        served = next(
+            ln for ln in metrics.splitlines() if ln.startswith("vllm:request_generation_tokens_count")
+        )
+        assert float(served.rsplit(" ", 1)[1]) == warm_ups  # requests 0..drafts_from, capped
+        assert ("no draft yet" in " ".join(seen)) == (drafts_from > 0)
+        assert ("made no draft" in " ".join(seen)) == (warm_ups == 1 + runner.EXTRA_WARMUPS)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_without_speculation_the_warm_up_is_what_was_asked(scripted: str) -> None:
+    before = httpx.get(f"{scripted}/metrics", timeout=5).text
+
+    def served(text: str) -> float:
+        line = next(ln for ln in text.splitlines() if ln.startswith("vllm:request_generation_tokens_count"))
+        return float(line.rsplit(" ", 1)[1])
+
+    async def go() -> None:
+        async with VariantBench(
+            Endpoint(base_url=scripted, model="scripted"), _scripted_bench(warmup_requests=2)
+        ):
+            pass
+
+    asyncio.run(go())
+    assert served(httpx.get(f"{scripted}/metrics", timeout=5).text) - served(before) == 2
