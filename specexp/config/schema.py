@@ -255,6 +255,9 @@ class BenchConfig:
     workload: str = "copy_edit"
     request_timeout_s: float = 300.0
     reset_prefix_cache: bool = True  # between trials, so trial 1 is not the only cold one
+    # A case whose outputs loop gets no winner (prompt lookup "accepts" the repetition, so
+    # the speed-up is not real); true names one anyway, for workloads that loop on purpose.
+    trust_loops: bool = False
     # Filled by conf/bench/*.yaml (default: single + concurrent4). Empty here so a bench
     # file replaces the set of cases instead of merging into a built-in one.
     cases: dict[str, CaseConfig] = field(default_factory=dict)

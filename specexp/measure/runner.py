@@ -25,7 +25,14 @@ from specexp.measure import prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
 from specexp.measure.long_prompt import exact_prompt
-from specexp.measure.stats import case_verdict, look_confidence, summarize, trial_metrics
+from specexp.measure.stats import (
+    SERVER_GAP_LIMIT,
+    case_verdict,
+    look_confidence,
+    server_metrics,
+    summarize,
+    trial_metrics,
+)
 from specexp.record.results import (
     AcceptanceRecord,
     CaseResult,
@@ -35,6 +42,7 @@ from specexp.record.results import (
 )
 
 Progress = Callable[[str], None]
+EXTRA_WARMUPS = 3  # further warm-up requests while a speculative server has not drafted yet
 
 
 def _case_prompts(
@@ -48,6 +56,13 @@ def _case_prompts(
             f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"
         )
     return [exact_prompt(endpoint.tokenizer, case.prompt_tokens, i) for i in range(case.num_prompts)]
+
+
+def check_loops(records: list[RequestRecord]) -> None:
+    """Mark outputs that loop; the guard reads the reasoning and the answer together (a
+    model can loop while thinking and never reach an answer)."""
+    for rec in records:
+        rec.looping = is_looping(f"{rec.reasoning_text}\n{rec.text}" if rec.reasoning_text else rec.text)
 
 
 async def _run_case(
@@ -82,12 +97,23 @@ async def _run_case(
             return await stream_chat(streams, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
 
     records = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
-    for rec in records:
-        rec.looping = is_looping(rec.text)
     duration = time.perf_counter() - t0
     after = await prometheus.scrape(client, endpoint.metrics_url)
+    check_loops(records)  # after the window: the check is not part of what is timed
+    reset = prometheus.reset_reason(before, after)
+    if reset is not None:
+        return TrialRecord(
+            case=case_name,
+            trial=trial,
+            started_at=started_at,
+            duration_s=duration,
+            requests=records,
+            metrics={},
+            error=f"not a measurement: {reset}",
+        )
     acc = prometheus.delta(before, after)
     metrics = trial_metrics(records, duration, case.concurrency)
+    metrics.update(server_metrics(records, prometheus.server_window(before, after)))
     if case.prompt_tokens is not None:
         # the server's own count must match the exact length asked for
         metrics["prompt_tokens_mismatch"] = float(
@@ -102,6 +128,8 @@ async def _run_case(
             rate=acc.rate,
             mean_length=acc.mean_length,
             per_position=list(acc.per_position),
+            consistent=acc.consistent,
+            inconsistency=acc.inconsistency,
         )
         if acc.rate is not None:
             metrics["acceptance_rate"] = acc.rate
@@ -173,35 +201,58 @@ class VariantBench:
 
     async def _warm_up(self) -> None:
         """Untimed requests on the first case's own prompts (its length, its ``ignore_eos``),
-        so the first timed trial does not pay vLLM's first-use costs of those shapes."""
+        so the first timed trial does not pay vLLM's first-use costs of those shapes.
+
+        The largest such cost is speculative: the ngram proposer is a numba kernel compiled
+        at its first call (3.2 s on this machine; vLLM's own trigger at start-up passes an
+        empty batch, which returns before the kernel runs), and without a warm-up the first
+        request of the first trial spent ~4 CPU-seconds more than the same request later
+        (243 against 121–136 ms of server CPU per token). So with speculation on, the
+        warm-up goes on (up to ``EXTRA_WARMUPS`` longer requests) until the server's
+        counters show that it has drafted."""
+        assert self._client is not None
+        planned = self.bench.warmup_requests
+        if not planned:
+            return
+        for i in range(planned):
+            self.say(f"warm-up {i + 1}/{planned}")
+            await self._warm_up_request(i, longer=False)
+        for extra in range(EXTRA_WARMUPS + 1):
+            snap = await prometheus.scrape(self._client, self.endpoint.metrics_url)
+            if not snap.has_spec or snap.drafts > 0:
+                return
+            if extra < EXTRA_WARMUPS:
+                self.say(f"warm-up: no draft yet, a longer request ({extra + 1}/{EXTRA_WARMUPS})")
+                await self._warm_up_request(planned + extra, longer=True)
+        self.say("warm-up: the server made no draft; the first trial may pay first-use costs")
+
+    async def _warm_up_request(self, i: int, longer: bool) -> None:
         assert self._streams is not None
         url = f"{self.endpoint.base_url}/v1/chat/completions"
         first = next(iter(self.bench.cases), None)
-        for i in range(self.bench.warmup_requests):
-            self.say(f"warm-up {i + 1}/{self.bench.warmup_requests}")
-            messages, max_tokens, ignore_eos = workload.warmup_prompt(), 16, False
-            if first is not None:
-                case, prompts = self.bench.cases[first], self.prompts[first]
-                messages, ignore_eos = prompts[i % len(prompts)], case.ignore_eos
-                max_tokens = min(32, case.max_tokens)
-            payload = chat_payload(
-                self.endpoint.model,
-                messages,
-                max_tokens=max_tokens,
-                temperature=self.bench.temperature,
-                seed=self.bench.seed,
-                ignore_eos=ignore_eos,
-            )
-            rec = await stream_chat(
-                self._streams,
-                url,
-                payload,
-                index=i,
-                t0=time.perf_counter(),
-                timeout_s=self.bench.request_timeout_s,
-            )
-            if rec.error:
-                raise RuntimeError(f"warm-up request failed: {rec.error}")
+        messages, max_tokens, ignore_eos = workload.warmup_prompt(), 16, False
+        if first is not None:
+            case, prompts = self.bench.cases[first], self.prompts[first]
+            messages, ignore_eos = prompts[i % len(prompts)], case.ignore_eos
+            max_tokens = min(128 if longer else 32, case.max_tokens)
+        payload = chat_payload(
+            self.endpoint.model,
+            messages,
+            max_tokens=max_tokens,
+            temperature=self.bench.temperature,
+            seed=self.bench.seed,
+            ignore_eos=ignore_eos,
+        )
+        rec = await stream_chat(
+            self._streams,
+            url,
+            payload,
+            index=i,
+            t0=time.perf_counter(),
+            timeout_s=self.bench.request_timeout_s,
+        )
+        if rec.error:
+            raise RuntimeError(f"warm-up request failed: {rec.error}")
 
     async def run_trial(self, of: int) -> None:
         """One more trial of every case (cases in order, so drift spreads over all of them)."""
@@ -220,10 +271,11 @@ class VariantBench:
 
 
 def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseResult:
-    keys = sorted({k for r in recs for k in r.metrics})
+    ok = [r for r in recs if r.ok]
+    keys = sorted({k for r in ok for k in r.metrics})
     summary = {}
     for key in keys:
-        s = summarize(r.metrics[key] for r in recs if key in r.metrics)
+        s = summarize(r.metrics[key] for r in ok if key in r.metrics)
         if s is not None:
             summary[key] = s
     return CaseResult(
@@ -233,17 +285,28 @@ def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseRe
         summary=summary,
         failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
         looping_outputs=sum(1 for r in recs for q in r.requests if q.ok and q.looping),
+        failed_trials=len(recs) - len(ok),
+        server_disagreements=sum(
+            1 for r in ok if abs(r.metrics.get("client_server_gap", 0.0)) > SERVER_GAP_LIMIT
+        ),
+        acceptance_inconsistent=sum(
+            1 for r in ok if r.acceptance is not None and not r.acceptance.consistent
+        ),
     )
 
 
 def undecided(
-    cases: dict[str, CaseResult], baseline: dict[str, CaseResult] | None, confidence: float
+    cases: dict[str, CaseResult],
+    baseline: dict[str, CaseResult] | None,
+    confidence: float,
+    trust_loops: bool = False,
 ) -> list[str]:
-    """Cases whose main figure has no clear verdict against the baseline's cases yet."""
+    """Cases whose main figure has no clear verdict against the baseline's cases yet (a
+    case that is not trusted because its outputs loop is not helped by more trials)."""
     out = []
     for name, case in cases.items():
         base = (baseline or {}).get(name)
-        verdict = case_verdict(case, base, confidence) if base is not None else None
+        verdict = case_verdict(case, base, confidence, trust_loops) if base is not None else None
         if verdict is not None and verdict.verdict == "no clear difference":
             out.append(name)
     return out
@@ -262,10 +325,11 @@ async def measure(
         target = bench.trials
         while vb.done < target:
             await vb.run_trial(target)
+            base = baseline.cases if baseline else None
             if (
                 vb.done == target
                 and target < bench.max_trials
-                and undecided(vb.results(), baseline.cases if baseline else None, confidence)
+                and undecided(vb.results(), base, confidence, bench.trust_loops)
             ):
                 target = min(bench.max_trials, target + bench.trials)
         return vb.results()

@@ -61,15 +61,23 @@ def _case_cells(cr: CaseResult) -> list[str]:
     speed = fmt_range(summary)
     if summary is not None and summary.outliers:
         speed += f" [yellow]!{len(summary.outliers)}[/yellow]"
+    if cr.server_disagreements:
+        speed += f" [yellow]≠srv{cr.server_disagreements}[/yellow]"
+    if cr.failed_trials:
+        speed += f" [red]✗{cr.failed_trials}[/red]"
     if cr.verdict is not None:
         mark = {"better": "[green]▲[/green]", "worse": "[red]▼[/red]"}.get(cr.verdict.verdict, "≈")
-        if cr.verdict.ci_low is None:
+        if cr.verdict.verdict == "not trusted":
+            mark = "[red]⟳[/red]"  # outputs loop: no winner, whatever the interval says
+        elif cr.verdict.ci_low is None:
             mark = "?"  # too few trials for any interval: no verdict possible
         speed += f" ×{cr.verdict.ratio:.2f}{mark}"
     spread, jain = cr.summary.get("ttft_spread_ms"), cr.summary.get("jain_index")
     fairness = f"{spread.median:.0f} / {jain.median:.2f}" if spread and jain else "–"
     rate, length = cr.summary.get("acceptance_rate"), cr.summary.get("acceptance_length")
     acc = f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–"
+    if cr.acceptance_inconsistent:
+        acc += f" [red]Σ≠{cr.acceptance_inconsistent}[/red]"
     if cr.looping_outputs:
         acc += " [red]⟳ loops[/red]"
     return [speed, fmt_range(cr.summary.get("ttft_ms"), digits=0), fairness, acc]
@@ -102,9 +110,13 @@ def summary_table(results: list[VariantResult]) -> Table:
         "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
         "×n: ratio to the no-speculation baseline (median pairwise ratio of trials), ▲/▼ when its "
         "exact 95 % rank interval excludes 1, ≈ when it does not (no clear difference: take the simpler "
-        "config), ? when too few trials for any interval; !n: trials flagged as outliers (kept); "
+        "config), ? when too few trials for any interval, ⟳ when outputs loop (not trusted: no "
+        "winner; bench.trust_loops=true names one); !n: trials flagged as outliers (kept); ≠srvN: N "
+        "trials whose decode speed differs from the server's own histograms by more than 5 %; ✗N: N "
+        "windows that are not measurements (server counters reset; left out); "
         "spread / Jain: TTFT max − min across streams and Jain's index of per-stream throughput; "
-        "accept: acceptance rate / mean length; ⟳: outputs loop, so speed and acceptance are inflated"
+        "accept: acceptance rate / mean length, Σ≠N: N windows whose mean length is not 1 + Σ "
+        "per-position rates; ⟳ loops: outputs loop, so speed and acceptance are inflated"
     )
     return table
 
