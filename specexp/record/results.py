@@ -32,6 +32,12 @@ class RequestRecord(_Model):
     text: str = ""
     error: str | None = None
     looping: bool = False  # the text repeats itself (see measure.degenerate)
+    # where the request came from in its workload, and when it was due (see measure.loadgen)
+    slice: str | None = None
+    session: str | None = None
+    turn: int = 0  # position in its conversation (0: the first request)
+    scheduled_s: float | None = None  # due time from the trial start (open loop, later turns)
+    late_s: float | None = None  # request on the socket minus its due time
 
     @property
     def ok(self) -> bool:

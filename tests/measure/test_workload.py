@@ -1,10 +1,17 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from specexp.config.compose import plan_sweep
 from specexp.config.schema import BenchConfig, CaseConfig
+from specexp.errors import ConfigError
 from specexp.launch.base import Endpoint
 from specexp.measure import workload
 from specexp.measure.runner import _case_prompts
+from tests.helpers import processes_matching, run_cli
 
 
 def test_the_slices_bundle_gives_each_slice_its_own_prompts() -> None:
@@ -29,3 +36,82 @@ def test_variants_get_the_same_prompts_and_cases_differ() -> None:
     a = workload.prompts_for("copy_edit", 0, 6, seed=0)
     assert a == workload.prompts_for("copy_edit", 0, 6, seed=0)
     assert a != workload.prompts_for("copy_edit", 1, 6, seed=0)
+
+
+def _file(tmp_path: Path, lines: list[dict[str, object]]) -> Path:
+    path = tmp_path / "traffic.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _turn(text: str, **labels: object) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": text}], **labels}
+
+
+def test_a_file_is_found_from_the_working_directory_then_the_config_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "conf"
+    (conf / "workloads").mkdir(parents=True)
+    _file(conf / "workloads", [_turn("from conf")])
+    monkeypatch.setenv("SPECEXP_CONF", str(conf))
+    monkeypatch.chdir(tmp_path)
+    assert workload.load("file:workloads/traffic.jsonl") == ((("user", "from conf"),),)
+    (tmp_path / "workloads").mkdir()
+    _file(tmp_path / "workloads", [_turn("from cwd")])
+    assert workload.load("file:workloads/traffic.jsonl") == ((("user", "from cwd"),),)
+    with pytest.raises(ConfigError) as err:
+        workload.load("file:nope.jsonl")
+    assert str(err.value) == (
+        "bench.workload=file:nope.jsonl: no such file "
+        f"(looked at {tmp_path / 'nope.jsonl'}, {conf / 'nope.jsonl'})"
+    )
+
+
+def test_an_edited_file_is_read_again(tmp_path: Path) -> None:
+    path = _file(tmp_path, [_turn("one")])
+    assert len(workload.resolve(f"file:{path}").turns) == 1
+    _file(tmp_path, [_turn("one"), _turn("two, a longer line")])
+    assert len(workload.resolve(f"file:{path}").turns) == 2
+
+
+def test_pick_keeps_conversations_whole_and_cuts_only_the_last(tmp_path: Path) -> None:
+    path = _file(
+        tmp_path,
+        [
+            _turn("a1", session="a"),
+            _turn("b"),
+            _turn("a2", session="a"),
+            _turn("a3", session="a"),
+            _turn("c"),
+        ],
+    )
+    w = workload.resolve(f"file:{path}")
+    texts = [
+        [t.messages[0]["content"] for t in conv] for conv in workload.pick(w, None, seed=0, case_index=0)
+    ]
+    assert texts == [["a1", "a2", "a3"], ["b"], ["c"]]
+    in_order = workload.pick(w, 4, seed=0, case_index=0, in_file_order=True)
+    assert [[t.messages[0]["content"] for t in conv] for conv in in_order] == [["a1", "a2", "a3"], ["b"]]
+    for case_index in range(6):
+        picked = workload.pick(w, 7, seed=0, case_index=case_index)
+        assert sum(len(c) for c in picked) == 7
+        for conv in picked:  # every conversation starts at its first turn, turns in order
+            assert [t.messages[0]["content"] for t in conv] in (["a1", "a2", "a3"][: len(conv)], ["b"], ["c"])
+    assert workload.pick(w, 7, seed=0, case_index=1) == workload.pick(w, 7, seed=0, case_index=1)
+
+
+def test_a_malformed_workload_file_is_one_line_and_creates_nothing(
+    tmp_path_factory: pytest.TempPathFactory, workdir: Path
+) -> None:
+    path = tmp_path_factory.mktemp("user") / "traffic.jsonl"
+    lines = [json.dumps(_turn(f"request {i}")) for i in range(6)] + ['{"messages": [{"role": "user"']
+    path.write_text("\n".join(lines) + "\n")
+    out = run_cli(["sweep", "spec.depth=3", f"bench.workload=file:{path}"], workdir)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"specexp: error: workload file {path}, record 7 (line 7): "
+        "bad JSON (Expecting ',' delimiter, column 30)"
+    ]
+    assert list(workdir.iterdir()) == []
+    assert not processes_matching(str(path))
