@@ -26,7 +26,8 @@ DEVICES = frozenset({"auto", "cpu", "cuda"})
 
 @dataclass
 class ModelConfig:
-    """The target checkpoint. ``embedded:NAME`` resolves to a model specexp builds itself."""
+    """The target checkpoint: a folder, ``embedded:NAME`` (a model specexp builds itself) or a
+    Hugging Face hub id ``org/name`` (from the local cache)."""
 
     name: str = "smollm2-135m-instruct"
     path: str = "embedded:smollm2-135m-instruct"
@@ -34,6 +35,10 @@ class ModelConfig:
     # Whether the checkpoint carries MTP / next-token layers (decides what spec.method=mtp means).
     has_mtp: bool = False
     trust_remote_code: bool = False
+    # A path of the form org/name is a Hugging Face hub id, resolved through the local
+    # cache; it is downloaded only when this is true (and HF_HUB_OFFLINE is unset).
+    allow_download: bool = False
+    revision: str | None = None  # hub ids: a branch, tag or commit (null: main)
 
 
 @dataclass
