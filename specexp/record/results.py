@@ -95,6 +95,9 @@ class CaseResult(_Model):
     summary: dict[str, Summary]  # metric name -> median [min, max] over trials
     failed_requests: int = 0
     looping_outputs: int = 0  # outputs that loop: acceptance and speed of this case are inflated
+    primary_metric: str | None = None  # the figure verdicts use, when not the default for its concurrency
+    request_rate: float | None = None  # open loop: requests/s offered (None: closed loop or a trace)
+    burstiness: float = 1.0  # open loop: shape of the gamma-distributed gaps (1: Poisson)
     verdict: Verdict | None = None  # the case's main figure against the baseline
 
 

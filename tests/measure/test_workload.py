@@ -8,9 +8,8 @@ import pytest
 from specexp.config.compose import plan_sweep
 from specexp.config.schema import BenchConfig, CaseConfig
 from specexp.errors import ConfigError
-from specexp.launch.base import Endpoint
 from specexp.measure import workload
-from specexp.measure.runner import _case_prompts
+from specexp.measure.traffic import plan_cases
 from tests.helpers import processes_matching, run_cli
 
 
@@ -18,18 +17,19 @@ def test_the_slices_bundle_gives_each_slice_its_own_prompts() -> None:
     (variant,) = plan_sweep(["spec=none", "bench=slices"], with_baseline=False)
     bench = variant.config.bench
     assert list(bench.cases) == ["smart_home", "portfolio", "todo", "coding_conflict"]
-    endpoint = Endpoint(base_url="http://x", model="m")
-    for i, (name, case) in enumerate(bench.cases.items()):
-        prompts = _case_prompts(endpoint, bench, name, case, i)
-        assert len(prompts) == case.num_prompts
-        pool = {tuple((m["role"], m["content"]) for m in p) for p in workload.prompts_for(name, 0, 50, 0)}
-        assert all(tuple((m["role"], m["content"]) for m in p) in pool for p in prompts)
+    plans = plan_cases(bench)
+    for name, case in bench.cases.items():
+        assert plans[name].requests == case.num_prompts
+        pool = set(workload.load(name))
+        for conv in plans[name].conversations:
+            assert tuple((m["role"], m["content"]) for m in conv[0].messages) in pool
+            assert conv[0].slice == name
 
 
 def test_a_case_without_its_own_workload_uses_the_bench_workload() -> None:
     bench = BenchConfig(workload="todo", cases={"c": CaseConfig(num_prompts=2)})
-    prompts = _case_prompts(Endpoint(base_url="http://x", model="m"), bench, "c", bench.cases["c"], 0)
-    assert all("to-do" in p[-1]["content"] or "list" in p[-1]["content"] for p in prompts)
+    (plan,) = plan_cases(bench).values()
+    assert all(conv[0].slice == "todo" for conv in plan.conversations)
 
 
 def test_variants_get_the_same_prompts_and_cases_differ() -> None:
