@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from specexp.errors import SpecexpError
+from specexp.errors import ConfigError, SpecexpError
 
 EPILOG = """examples:
   python -m specexp sweep spec.depth=3,5
@@ -41,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-baseline", action="store_true", help="do not add the no-speculation baseline")
     sw.add_argument("--no-validate", action="store_true", help="(dry-run) skip the vLLM validation step")
     sw.add_argument("--name", help="sweep name (results folder and MLflow parent run)")
+    sw.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="go on with an interrupted sweep (default: the latest with the same plan): "
+        "variants with an ok result are reused, the others run again",
+    )
     sh = sub.add_parser("show", help="print the composed config for one set of overrides")
     sh.add_argument("overrides", nargs="*")
     md = sub.add_parser("model", help="the embedded default model (built offline from a PyPI wheel)")
@@ -55,14 +63,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sweep(args: argparse.Namespace, console: Console) -> int:
     from specexp.config.compose import plan_sweep
-    from specexp.sweep import check_or_raise, dry_run, run_sweep
+    from specexp.config.sweep_plan import SweepPlan
+    from specexp.run.sweep import check_or_raise, dry_run, run_sweep
 
     variants = plan_sweep(args.overrides, with_baseline=False if args.no_baseline else None)
+    plan = SweepPlan.resolve(variants, name=args.name)
     if args.dry_run:
         checks = dry_run(variants, console, validate=not args.no_validate)
         check_or_raise(checks)  # warnings are already printed beside each plan
         return 0
-    outcome = run_sweep(variants, console, name=args.name)
+    if args.resume is not None and args.name:
+        raise ConfigError("--name and --resume NAME: give the sweep to resume as --resume NAME")
+    outcome = run_sweep(plan, console, resume=args.resume is not None, resume_name=args.resume or None)
     if outcome.mlflow_uri:
         console.print(f"MLflow: {outcome.mlflow_uri}  (open with: python -m specexp ui)", highlight=False)
     bad = [r for r in outcome.result.variants if r.status != "ok"]
@@ -70,15 +82,16 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
+    from omegaconf import OmegaConf
+
     from specexp.config.compose import plan_sweep
-    from specexp.sweep import resolved_yaml
 
     variants = plan_sweep(args.overrides, with_baseline=False)
     for v in variants:
         console.print(f"# {v.label}  hash={v.hash}", highlight=False)
         for note in v.notes:
             console.print(f"# note: {note}", highlight=False)
-        console.print(resolved_yaml(v), highlight=False, markup=False)
+        console.print(OmegaConf.to_yaml(OmegaConf.create(v.resolved)), highlight=False, markup=False)
     return 0
 
 

@@ -14,8 +14,10 @@ from specexp.launch.plan import vllm_python
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(args: list[str], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPECEXP_WORKDIR": str(workdir)}
+def run_cli(
+    args: list[str], workdir: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPECEXP_WORKDIR": str(workdir), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "specexp", *args],
         cwd=REPO,

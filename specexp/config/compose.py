@@ -23,7 +23,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from specexp.config.schema import Config, register
+from specexp.config.schema import Config, SpecConfig, register
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError
 from specexp.paths import conf_dir
@@ -72,10 +72,17 @@ def _one_line(exc: BaseException) -> str:
     return text if outer in text or text in outer else f"{text} ({outer})"
 
 
-def compose_config(overrides: Sequence[str]) -> tuple[Config, dict[str, Any]]:
-    """Compose ``conf/config.yaml`` with plain (non-sweep) overrides; needs ``hydra_context``."""
+def compose_config(overrides: Sequence[str], *, baseline: bool = False) -> tuple[Config, dict[str, Any]]:
+    """Compose ``conf/config.yaml`` with plain (non-sweep) overrides; needs ``hydra_context``.
+
+    ``baseline``: the no-speculation form of the same configuration. Its ``spec`` node is
+    the ``spec=none`` default as a whole, so keys an experiment file sets on top of the
+    spec group (``spec.depth: 3``, ``spec.moe_backend``) do not leak into the baseline.
+    """
     try:
         cfg = compose(config_name="config", overrides=list(overrides))
+        if baseline:
+            cfg.spec = OmegaConf.structured(SpecConfig())
         resolved = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
         obj = cast(Config, OmegaConf.to_object(cfg))
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
@@ -163,7 +170,7 @@ def _label(config: Config, combo: Sequence[str], varying: Sequence[str], baselin
 
 
 def build_variant(combo: Sequence[str], varying: Sequence[str], baseline: bool = False) -> Variant:
-    config, resolved = compose_config(combo)
+    config, resolved = compose_config(combo, baseline=baseline)
     config, notes = _apply_mtp_fallback(config)
     if notes:
         resolved["spec"] = OmegaConf.to_container(OmegaConf.structured(config.spec))
@@ -180,8 +187,11 @@ def build_variant(combo: Sequence[str], varying: Sequence[str], baseline: bool =
 def plan_sweep(overrides: Sequence[str], with_baseline: bool | None = None) -> list[Variant]:
     """Expand overrides into Variants: per configuration, its no-speculation baseline first.
 
-    A baseline is the same combination with every ``spec`` override replaced by
-    ``spec=none``; identical variants (same hash) are kept once.
+    A baseline is the same combination without speculation (every ``spec`` override
+    dropped, the spec node reset to ``spec=none``); identical variants (same hash) are kept
+    once. ``sweep.aa=true`` adds a second copy of each baseline, measured as a variant of its
+    own against the first: an A/A check of whether specexp names a winner between identical
+    configurations.
     """
     with hydra_context():
         combos, varying = expand(overrides)
@@ -192,10 +202,20 @@ def plan_sweep(overrides: Sequence[str], with_baseline: bool | None = None) -> l
         for combo in combos:
             candidates = []
             variant = build_variant(combo, varying)
-            if add_baseline:
-                base = [c for c in combo if not _is_spec_override(c)] + ["spec=none"]
+            if add_baseline or first.sweep.aa:
+                base = [c for c in combo if not _is_spec_override(c)]
                 baseline = build_variant(base, varying, baseline=True)
                 candidates.append(baseline)
+                if first.sweep.aa:
+                    candidates.append(
+                        replace(
+                            baseline,
+                            replica=1,
+                            label=f"{baseline.label} (A/A copy)",
+                            is_baseline=False,
+                            baseline_hash=baseline.hash,
+                        )
+                    )
                 if baseline.hash != variant.hash:
                     variant = replace(variant, baseline_hash=baseline.hash)
             candidates.append(variant)

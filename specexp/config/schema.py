@@ -15,12 +15,13 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from specexp.launch.base import kinds as launcher_kinds
+
 # Methods specexp knows how to configure; vLLM's own list is checked by validation.
 SPEC_METHODS = frozenset(
     {"none", "ngram", "ngram_gpu", "mtp", "eagle", "eagle3", "draft_model", "suffix", "dflash"}
 )
 NEEDS_DRAFT_MODEL = frozenset({"eagle", "eagle3", "draft_model", "dflash"})
-LAUNCHER_KINDS = frozenset({"local", "multinode", "gpustack"})
 DEVICES = frozenset({"auto", "cpu", "cuda"})
 
 
@@ -108,7 +109,7 @@ class ServerConfig:
 
 @dataclass
 class LauncherConfig:
-    kind: str = "local"
+    kind: str = "local"  # a registered launcher (specexp.launch.base)
     device: str = "auto"  # auto: cuda when nvidia-smi answers, else the CPU build
     vllm_command: list[str] = field(default_factory=list)  # empty = find it (see launch.plan)
     nnodes: int = 1
@@ -120,10 +121,14 @@ class LauncherConfig:
     cpu_omp_threads_bind: str = "nobind"
     intel_openmp: str = "auto"  # auto/on/off: LD_PRELOAD libiomp5 for the CPU build
     dev_mode: bool = True  # VLLM_SERVER_DEV_MODE=1: cache reset between trials, /server_info
+    # Name of the environment variable holding the server's API key (vllm serve --api-key,
+    # a GPUStack key, a protected endpoint): sent as a bearer token, never recorded.
+    api_key_env: str | None = None
+    base_url: str | None = None  # launcher=endpoint: the server someone else started
 
     def __post_init__(self) -> None:
-        if self.kind not in LAUNCHER_KINDS:
-            raise ValueError(f"launcher.kind: {self.kind!r} is not one of {sorted(LAUNCHER_KINDS)}")
+        if self.kind not in launcher_kinds():
+            raise ValueError(f"launcher.kind: {self.kind!r} is not one of {', '.join(launcher_kinds())}")
         if self.device not in DEVICES:
             raise ValueError(f"launcher.device: {self.device!r} is not one of {sorted(DEVICES)}")
         if self.intel_openmp not in ("auto", "on", "off"):
@@ -212,6 +217,9 @@ class BenchConfig:
     # variant's server up at once, one trial of each per round, so slow drift of the
     # machine lands on all variants alike (needs memory for all servers together).
     order: str = "sequential"
+    # Server launches per variant, trials nested in them (bench.trials per launch). One
+    # launch's trials share its startup luck; with 2+ a verdict must hold in every launch.
+    launches: int = 1
     # interleaved only: freeze (SIGSTOP) every server but the one measuring. A waiting vLLM
     # CPU server is not idle (its engine loop polls: 25 % of a core here), so unfrozen it
     # slows the one measuring. auto = on when the servers run on CPU.
@@ -233,6 +241,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"bench.trials={self.trials} must be >= 1")
+        if self.launches < 1:
+            raise ValueError(f"bench.launches={self.launches} must be >= 1")
         if self.max_trials and self.max_trials < self.trials:
             raise ValueError(f"bench.max_trials={self.max_trials} is below bench.trials={self.trials}")
         if self.order not in ("sequential", "interleaved"):
@@ -277,6 +287,9 @@ class SweepConfig:
     baseline: bool = True  # add the no-speculation variant of every configuration
     results_dir: str = "results"
     name: str | None = None
+    # Measure each baseline twice, the copy as a variant against the original: an A/A check
+    # (a verdict between identical configurations is a false winner).
+    aa: bool = False
 
 
 @dataclass

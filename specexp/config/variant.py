@@ -29,10 +29,12 @@ class Variant:
     is_baseline: bool = False
     notes: tuple[str, ...] = field(default=())
     baseline_hash: str | None = None  # the no-speculation variant this one is read against
+    # >0: a repeat of an identical configuration (an A/A check): measured as its own variant
+    replica: int = 0
 
     @property
     def hash(self) -> str:
-        return config_hash(self.resolved)
+        return config_hash(self.resolved, self.replica)
 
     @property
     def spec_label(self) -> str:
@@ -40,8 +42,10 @@ class Variant:
         return "no-spec" if spec.method == "none" else f"{spec.method}-k{spec.depth}"
 
 
-def config_hash(resolved: dict[str, Any]) -> str:
-    payload = {k: v for k, v in resolved.items() if k not in _UNHASHED}
+def config_hash(resolved: dict[str, Any], replica: int = 0) -> str:
+    payload: dict[str, Any] = {k: v for k, v in resolved.items() if k not in _UNHASHED}
+    if replica:
+        payload["replica"] = replica
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

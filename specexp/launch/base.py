@@ -1,46 +1,120 @@
-"""The launcher contract every way of starting vLLM implements (local, multi-node, GPUStack).
+"""The launcher contract every way of starting vLLM implements, and the registry of kinds.
 
 A launcher knows nothing about benchmarks: it takes a LaunchPlan, returns an
-Endpoint once the server answers, and guarantees that ``stop()`` (also on
-error or Ctrl-C, through the context manager) leaves no process behind.
+Endpoint once the server answers, reads back what really runs, and guarantees
+that ``stop()`` (also on error or Ctrl-C, through the context manager) leaves no
+process behind on any node. The orchestration calls only what is declared here;
+freezing idle servers (interleaved order on CPU) is an optional capability a
+launcher declares by implementing ``Pausable``.
+
+Launchers are found by ``launcher.kind`` in a registry of import paths, so adding
+one is a new module plus one line, and the contract tests
+(``tests/launch/test_contract.py``) run against it like against every other.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
+
+from specexp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specexp.config.schema import LauncherConfig
+    from specexp.launch.plan import LaunchPlan
 
 
 @dataclass(frozen=True)
 class Endpoint:
+    """Where to send requests. The API key is read from the environment when the endpoint
+    is made and sent as a bearer token by every client; it is never part of a record."""
+
     base_url: str
     model: str  # the name requests must use
     tokenizer: str | None = None  # a local path to the model's tokenizer, when there is one
+    api_key: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def metrics_url(self) -> str:
         return f"{self.base_url}/metrics"
 
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def api_key_from_env(var: str | None) -> str | None:
+    """The key behind ``launcher.api_key_env``; a named variable that is unset is an error,
+    because every request would then fail with 401 after a long start."""
+    if not var:
+        return None
+    key = os.environ.get(var)
+    if not key:
+        raise ConfigError(f"launcher.api_key_env={var}: the environment variable {var} is not set")
+    return key
+
 
 @dataclass
 class StartupTiming:
-    """Seconds from process start to each startup phase seen in the server log, and to ready."""
+    """Seconds from process start to each startup phase seen in the server log, and to ready.
+    ``nodes`` holds the same per node for launchers that run several."""
 
     ready_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    nodes: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EffectiveConfig:
+    """What the running server says it runs, flattened (``spec.method``, ``spec.depth``,
+    ``attention.backend``, ``cache.block_size``, ...), and where each value was read."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # key -> where it was read
+    notes: tuple[str, ...] = ()
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The values that decide what is computed: equal fingerprints mean the same run."""
+        return {k: v for k, v in self.values.items() if not k.startswith(_UNCOMPARED)}
+
+
+# Values that differ between launches of the same configuration.
+_UNCOMPARED = ("server.", "process.", "model.path")
 
 
 class Launcher(Protocol):
+    """One variant's server, on however many nodes. Used as a context manager."""
+
+    kind: ClassVar[str]
     startup: StartupTiming
-    log_path: Path
+    substitutions: list[str]  # log lines where the server ran something other than asked
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Begin the launch and return without waiting for readiness."""
 
-    def wait_ready(self) -> Endpoint: ...
+    def wait_ready(self) -> Endpoint:
+        """Block until the server answers (or raise LaunchError with the reason)."""
 
-    def stop(self) -> None: ...
+    def logs(self) -> dict[str, Path]:
+        """Every node's log on this machine, by node name (``server`` for one node)."""
+
+    def move_logs(self, folder: Path) -> None:
+        """Go on logging into ``folder`` with what was logged so far."""
+
+    def effective_config(self, endpoint: Endpoint) -> EffectiveConfig:
+        """Read back what really runs (the config in the file is not the config that runs)."""
+
+    def failure(self) -> str | None:
+        """Why the server is gone, if it is (exit status or signal, and its last log line)."""
+
+    def request_stop(self) -> None:
+        """Ask every node to shut down without waiting, so several servers wind down together."""
+
+    def stop(self) -> None:
+        """Stop every process on every node; idempotent."""
 
     def __enter__(self) -> Self: ...
 
@@ -50,3 +124,76 @@ class Launcher(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class StartStopContext:
+    """``with launcher:`` starts it and stops it however the block is left."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@runtime_checkable
+class Pausable(Protocol):
+    """Servers whose processes can be frozen while another is measured (a waiting vLLM CPU
+    server still polls and takes CPU from the one being measured)."""
+
+    def freeze(self) -> None: ...
+
+    def thaw(self) -> None: ...
+
+
+class LauncherFactory(Protocol):
+    def __call__(self, plan: LaunchPlan, config: LauncherConfig, log_dir: Path) -> Launcher: ...
+
+
+# kind -> "module:attribute"; imported on first use so a kind's dependencies (asyncssh,
+# a GPUStack client) load only when that kind runs.
+_REGISTRY: dict[str, str] = {
+    "local": "specexp.launch.local:LocalLauncher",
+    "endpoint": "specexp.launch.endpoint:EndpointLauncher",
+    "multinode": "specexp.launch.multinode:MultinodeLauncher",
+    "gpustack": "specexp.launch.gpustack:GpustackLauncher",
+}
+
+
+def register(kind: str, target: str) -> None:
+    _REGISTRY[kind] = target
+
+
+def kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def launcher_class(kind: str) -> Any:
+    """The class registered for ``kind``; a wrong kind is one line listing the kinds."""
+    target = _REGISTRY.get(kind)
+    if target is None:
+        raise ConfigError(f"launcher.kind: {kind!r} is not one of {', '.join(kinds())}")
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise ConfigError(f"launcher.kind={kind} is not available in this build (no {module})") from None
+
+
+def create_launcher(plan: LaunchPlan, config: LauncherConfig, log_dir: Path) -> Launcher:
+    factory: LauncherFactory = launcher_class(plan.kind).from_plan
+    return factory(plan, config, log_dir)

@@ -23,14 +23,24 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import IO, TYPE_CHECKING, ClassVar
 
 import httpx
+import psutil
 
 from specexp.errors import LaunchError
-from specexp.launch.base import Endpoint, StartupTiming
-from specexp.launch.plan import LaunchPlan, launch_env
+from specexp.launch.base import (
+    EffectiveConfig,
+    Endpoint,
+    StartStopContext,
+    StartupTiming,
+    api_key_from_env,
+)
+from specexp.launch.effective import process_config, read_effective, substituted_backend
+from specexp.launch.plan import LaunchPlan, free_port, launch_env
+
+if TYPE_CHECKING:
+    from specexp.config.schema import LauncherConfig
 
 # Marker lines of vLLM's startup, in order; the time each is first seen is recorded.
 PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -53,6 +63,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def remove_openmp_registrations(pids: set[int], shm: Path = Path("/dev/shm")) -> None:
+    """Intel OpenMP (preloaded for the CPU build) registers every process that loads it as
+    ``/dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>`` and never removes the file when the
+    process is killed; remove those of processes that are gone."""
+    for pid in pids:
+        if psutil.pid_exists(pid):
+            continue
+        for leftover in shm.glob(f"__KMP_REGISTERED_LIB_{pid}_*"):
+            leftover.unlink(missing_ok=True)
+
+
 def startup_phases(marks: dict[str, float], ready_s: float | None) -> dict[str, float]:
     """Durations between markers: what the time to ready was spent on."""
     points = [("start", 0.0)] + [(n, marks[n]) for n, _ in PHASE_MARKERS if n in marks]
@@ -72,8 +93,12 @@ def startup_phases(marks: dict[str, float], ready_s: float | None) -> dict[str, 
     return out
 
 
-class LocalLauncher:
+class LocalLauncher(StartStopContext):
     """Context manager: ``with LocalLauncher(plan, log) as ln: endpoint = ln.wait_ready()``."""
+
+    kind: ClassVar[str] = "local"
+    # Starting costs one core of imports for ~20 s: worth overlapping with validation.
+    overlaps_validation: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -83,11 +108,13 @@ class LocalLauncher:
         ready_timeout_s: float = 900.0,
         stop_timeout_s: float = 15.0,
         poll_interval_s: float = 0.5,
+        api_key: str | None = None,
     ) -> None:
         if len(plan.nodes) != 1:
             raise LaunchError(f"the local launcher runs one node; this plan has {len(plan.nodes)}")
         self.plan = plan
         self.log_path = log_path
+        self.api_key = api_key
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.poll_interval_s = poll_interval_s
@@ -104,17 +131,31 @@ class LocalLauncher:
         self._frozen = False
         self._stop_sent: float | None = None
         self._rpc_dir: Path | None = None
+        self._pids: set[int] = set()
         self.substitutions: list[str] = []  # log lines where the server overrode the request
+
+    @classmethod
+    def from_plan(cls, plan: LaunchPlan, config: LauncherConfig, log_dir: Path) -> LocalLauncher:
+        return cls(
+            plan,
+            log_dir / "server.log",
+            ready_timeout_s=config.ready_timeout_s,
+            stop_timeout_s=config.stop_timeout_s,
+            api_key=api_key_from_env(config.api_key_env),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        if self.plan.api_port == 0:  # this machine is the node that serves
+            self.plan = self.plan.with_port(free_port(self.plan.api_host))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the reader
         node = self.plan.head
-        # vLLM leaves its ZMQ IPC sockets in $VLLM_RPC_BASE_PATH (default /tmp); give each
-        # launch its own folder and remove it on stop, so no run litters the machine.
+        # vLLM leaves its ZMQ IPC sockets in $VLLM_RPC_BASE_PATH and its gloo rendezvous file
+        # (vllm_dist_*) and compile caches in $TMPDIR; give each launch its own folder for
+        # both and remove it on stop, so no run litters the machine.
         self._rpc_dir = Path(tempfile.mkdtemp(prefix="specexp-rpc-"))
-        env = launch_env({"VLLM_RPC_BASE_PATH": str(self._rpc_dir), **node.env})
+        env = launch_env({"VLLM_RPC_BASE_PATH": str(self._rpc_dir), "TMPDIR": str(self._rpc_dir), **node.env})
         self._t0 = time.perf_counter()
         try:
             self._proc = subprocess.Popen(
@@ -159,9 +200,13 @@ class LocalLauncher:
                 if self._log is not None:
                     self._log.close()
 
-    def move_log(self, path: Path) -> None:
-        """Go on logging into ``path``, with what was logged so far: a server started before
+    def logs(self) -> dict[str, Path]:
+        return {"server": self.log_path}
+
+    def move_logs(self, folder: Path) -> None:
+        """Go on logging into ``folder``, with what was logged so far: a server started before
         its variant's folder existed (during validation) keeps one complete log."""
+        path = folder / "server.log"
         with self._log_lock:
             path.parent.mkdir(parents=True, exist_ok=True)
             if self._log is not None and not self._log.closed:
@@ -198,10 +243,40 @@ class LocalLauncher:
                         f"(startup phases seen: {seen}; log: {self.log_path})"
                     )
                 time.sleep(self.poll_interval_s)
+        self._note_pids()
         ready = round(time.perf_counter() - self._t0, 3)
         self.startup = StartupTiming(ready_s=ready, phases=startup_phases(self._marks, ready))
         tokenizer = self.plan.model_path if Path(self.plan.model_path).is_dir() else None
-        return Endpoint(base_url=self.plan.base_url, model=self.plan.served_model, tokenizer=tokenizer)
+        return Endpoint(
+            base_url=self.plan.base_url,
+            model=self.plan.served_model,
+            tokenizer=tokenizer,
+            api_key=self.api_key,
+        )
+
+    def effective_config(self, endpoint: Endpoint) -> EffectiveConfig:
+        """The server's own answers, plus the command line and environment of the running
+        process and the backends it substituted."""
+        served = read_effective(endpoint)
+        local = process_config(self._pgid) if self._proc is not None and self._proc.poll() is None else {}
+        values = {**local, **served.values}
+        sources = {**dict.fromkeys(local, "process"), **served.sources}
+        for line in self.substitutions:
+            backend = substituted_backend(line)
+            if backend is not None:  # the backend that really runs, whatever the config says
+                values["attention.backend"], sources["attention.backend"] = backend, f"server log: {line}"
+        return EffectiveConfig(values=values, sources=sources, notes=served.notes)
+
+    def failure(self) -> str | None:
+        """The server's exit (code or signal) and its last error line, once it is gone."""
+        if self._proc is None or self._stop_sent is not None:
+            return None
+        code = self._proc.poll()
+        if code is None:
+            return None
+        self._join_reader()
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return f"vllm serve {how}: {self.last_error()} (log: {self.log_path})"
 
     def last_error(self) -> str:
         for line in reversed(self._tail):
@@ -243,6 +318,7 @@ class LocalLauncher:
         down together, and ``stop`` only waits for what is left of each."""
         if self._proc is None or self._stopped or self._stop_sent is not None:
             return
+        self._note_pids()
         self._stop_sent = time.monotonic()
         self._signal_group(signal.SIGTERM)
         self._signal_group(signal.SIGCONT)  # a frozen server handles SIGTERM only once continued
@@ -273,6 +349,16 @@ class LocalLauncher:
         self._join_reader()
         if self._rpc_dir is not None:
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
+        remove_openmp_registrations(self._pids)
+
+    def _note_pids(self) -> None:
+        """Remember every process of the server, for what they leave in shared memory."""
+        if self._pgid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(self._pgid)
+            self._pids.add(leader.pid)
+            self._pids.update(p.pid for p in leader.children(recursive=True))
 
     def _join_reader(self) -> None:
         if self._reader is not None:
@@ -281,15 +367,3 @@ class LocalLauncher:
     @property
     def pgid(self) -> int | None:
         return self._pgid
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -13,7 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,20 @@ class LaunchPlan:
     def head(self) -> NodePlan:
         return self.nodes[0]
 
+    def with_port(self, port: int) -> LaunchPlan:
+        """The plan with its API port decided (``server.port=0`` leaves the choice to the
+        launcher, which finds a free port on the node that serves)."""
+        if port == self.api_port:
+            return self
+        old, new = f"--port={self.api_port}", f"--port={port}"
+        head = replace(self.head, argv=tuple(new if a == old else a for a in self.head.argv))
+        return replace(
+            self,
+            nodes=(head, *self.nodes[1:]),
+            serve_args=tuple(new if a == old else a for a in self.serve_args),
+            api_port=port,
+        )
+
     @property
     def base_url(self) -> str:
         host = "127.0.0.1" if self.api_host in ("0.0.0.0", "") else self.api_host
@@ -67,6 +81,7 @@ class LaunchPlan:
             "kind": self.kind,
             "device": self.device,
             "model_path": self.model_path,
+            "served_model": self.served_model,
             "base_url": self.base_url,
             "nodes": [
                 {
@@ -126,19 +141,14 @@ def resolve_vllm_command(config: Config, device: str) -> list[str]:
     """The command that stands for ``vllm``.
 
     Order: ``launcher.vllm_command``; on CPU, the specexp-managed CPU build (through the
-    metadata shim); a ``vllm`` on PATH; the managed CPU build; otherwise plain ``vllm``
-    (for plans that run on other machines).
+    metadata shim) where it exists; otherwise plain ``vllm``, found on the serving node's PATH.
     """
     if config.launcher.vllm_command:
         return list(config.launcher.vllm_command)
-    py = vllm_python() if config.launcher.kind == "local" else None
-    managed = [str(py), str(ENTRY_SCRIPT)] if py is not None else None
-    if managed and device == "cpu":
-        return managed
-    found = shutil.which("vllm")
-    if found:
-        return [found]
-    return managed or ["vllm"]
+    py = vllm_python()
+    if py is not None and device == "cpu":
+        return [str(py), str(ENTRY_SCRIPT)]
+    return ["vllm"]
 
 
 def resolve_model_path(path: str, *, allow_download: bool = False, revision: str | None = None) -> str:
@@ -156,8 +166,8 @@ _handed_out: set[int] = set()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A free port not handed out before in this process: plans are built before any
-    server binds, and interleaved sweeps run several servers at once."""
+    """A free port on this machine, not handed out before in this process: interleaved
+    sweeps start several servers before any of them binds."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
@@ -197,9 +207,7 @@ def speculative_json(config: Config) -> str | None:
 def serve_args(config: Config, model_path: str, device: str, port: int) -> list[str]:
     """Flags after ``vllm serve``, in ``--flag=value`` form (as GPUStack and the seeds write them)."""
     s = config.server
-    args = [model_path]
-    if config.launcher.kind == "local" or s.port:
-        args += [f"--host={s.host}", f"--port={port}"]
+    args = [model_path, f"--host={s.host}", f"--port={port}"]
     if config.model.served_name:
         args.append(f"--served-model-name={config.model.served_name}")
     if config.model.trust_remote_code:
@@ -244,10 +252,14 @@ def _cpu_env(config: Config) -> dict[str, str]:
     return env
 
 
-def build_plan(variant: Variant, *, port: int | None = None, resolve_model: bool = True) -> LaunchPlan:
-    """The LaunchPlan of a Variant. ``resolve_model=False`` leaves ``embedded:`` paths symbolic."""
+def build_plan(
+    variant: Variant, *, device: str | None = None, port: int | None = None, resolve_model: bool = True
+) -> LaunchPlan:
+    """The LaunchPlan of a Variant, for ``device`` as found on the node that serves (the
+    launcher knows how to ask it). ``port`` 0 (``server.port``'s default) leaves the port
+    to the launcher. ``resolve_model=False`` leaves ``embedded:`` paths symbolic."""
     config = variant.config
-    device = detect_device(config.launcher.device)
+    device = device or detect_device(config.launcher.device)
     model = config.model
     # a hub id resolves through this machine's cache only for a local launch
     resolve = resolve_model and (config.launcher.kind == "local" or not hub.is_hub_id(model.path))
@@ -257,7 +269,7 @@ def build_plan(variant: Variant, *, port: int | None = None, resolve_model: bool
         else model.path
     )
     if port is None:
-        port = config.server.port or free_port(config.server.host)
+        port = config.server.port
     head_args = serve_args(config, model_path, device, port)
     vllm_cmd = resolve_vllm_command(config, device)
 

@@ -9,8 +9,10 @@ other machines, whose vLLM may differ, failures are warnings.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,13 +60,17 @@ def validate_plans(plans: list[LaunchPlan], timeout_s: float = 180.0) -> list[Va
         for i, p in enumerate(plans)
     ]
     try:
-        proc = subprocess.run(
-            [str(py), str(CHECKER)],
-            input=json.dumps(requests),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        # vLLM's imports leave caches in the temp folder (torchinductor_<user>): give them
+        # one of their own and remove it, so validating leaves nothing behind
+        with tempfile.TemporaryDirectory(prefix="specexp-validate-") as tmp:
+            proc = subprocess.run(
+                [str(py), str(CHECKER)],
+                input=json.dumps(requests),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env={**os.environ, "TMPDIR": tmp},
+            )
         answers = {a["id"]: a for a in json.loads(proc.stdout)}
     except (subprocess.SubprocessError, json.JSONDecodeError, OSError) as exc:
         reason = f"vLLM validator did not answer ({type(exc).__name__}): validation skipped"

@@ -119,11 +119,24 @@ class VariantBench:
     """One variant's measurement, a trial at a time: warm-up once, then ``run_trial`` as
     often as the schedule asks (all trials in a row, or round-robin with other variants)."""
 
-    def __init__(self, endpoint: Endpoint, bench: BenchConfig, progress: Progress | None = None) -> None:
-        self.endpoint, self.bench = endpoint, bench
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        bench: BenchConfig,
+        progress: Progress | None = None,
+        *,
+        launch: int = 0,
+        prior: dict[str, list[TrialRecord]] | None = None,
+    ) -> None:
+        """``launch`` and ``prior``: a later launch of the same variant goes on numbering
+        trials after the ones ``prior`` holds, and its results include them."""
+        self.endpoint, self.bench, self.launch = endpoint, bench, launch
         self.say: Progress = progress or (lambda _msg: None)
         self.plans = plan_cases(bench, endpoint.tokenizer)
-        self.trials: dict[str, list[TrialRecord]] = {name: [] for name in self.plans}
+        self.trials: dict[str, list[TrialRecord]] = {
+            name: list((prior or {}).get(name, [])) for name in self.plans
+        }
+        self.first_trial = self.done
         self._client: httpx.AsyncClient | None = None  # control: /metrics, cache reset
         self._streams: aiohttp.ClientSession | None = None  # the measured streams
 
@@ -191,9 +204,9 @@ class VariantBench:
         t = self.done
         for name, plan in self.plans.items():
             self.say(f"trial {t + 1}/{of} · {name}")
-            self.trials[name].append(
-                await _run_case(self._client, self._streams, self.endpoint, self.bench, plan, t)
-            )
+            record = await _run_case(self._client, self._streams, self.endpoint, self.bench, plan, t)
+            record.launch = self.launch
+            self.trials[name].append(record)
 
     def results(self) -> dict[str, CaseResult]:
         return {name: _case_result(plan, self.bench, self.trials[name]) for name, plan in self.plans.items()}

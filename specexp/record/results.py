@@ -58,11 +58,13 @@ class TrialRecord(_Model):
 
     case: str
     trial: int
+    launch: int = 0  # which server launch of the variant measured it (bench.launches)
     started_at: float = 0.0  # wall clock (Unix time): shows the order of an interleaved sweep
     duration_s: float
     requests: list[RequestRecord]
     metrics: dict[str, float]
     acceptance: AcceptanceRecord | None = None
+    error: str | None = None  # why this window is not data (the server died in it, counters reset)
 
 
 class Summary(_Model):
@@ -161,10 +163,34 @@ class VariantResult(_Model):
     suite: SuiteResult | None = None  # functional regression suite, run before the benchmarks
     launch: dict[str, Any] = Field(default_factory=dict)  # redacted LaunchPlan
     wall_s: float | None = None
+    launch_ready_s: list[float] = Field(default_factory=list)  # every launch's time to ready
+    # What the server said it runs (launch.effective), and where each value was read.
+    effective: dict[str, Any] = Field(default_factory=dict)
+    effective_sources: dict[str, str] = Field(default_factory=dict)
+    # Label of an earlier variant whose server ran exactly the same configuration: the
+    # comparison between the two is an A/A, not a verdict about the knob.
+    same_run_as: str | None = None
+    baseline_hash: str | None = None
+
+
+class TrackingState(_Model):
+    """Where a sweep's results went in the tracking store, so a resumed sweep reuses its
+    parent run and ``sync`` logs what the store missed, without duplicates."""
+
+    uri: str | None = None
+    experiment_id: str | None = None
+    parent_run_id: str | None = None
+    runs: dict[str, str] = Field(default_factory=dict)  # variant hash -> child run id
+    synced: list[str] = Field(default_factory=list)  # variant hashes fully logged
+    error: str | None = None  # why the store was left (unreachable, locked)
 
 
 class SweepResult(_Model):
     name: str
     started_at: str
     wall_s: float | None = None
+    status: Literal["running", "finished", "failed", "interrupted"] = "running"
+    plan: dict[str, Any] = Field(default_factory=dict)  # SweepPlan.signature(): what resume must match
     variants: list[VariantResult] = Field(default_factory=list)
+    reused: list[str] = Field(default_factory=list)  # variant hashes taken from an earlier attempt
+    tracking: TrackingState = Field(default_factory=TrackingState)

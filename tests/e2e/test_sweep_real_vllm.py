@@ -93,7 +93,7 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     assert len(parents) == 1 and len(children) == 2
     assert all(r.info.status == "FINISHED" for r in runs)
     k3_run = next(r for r in children if r.data.tags["specexp.label"] == "ngram-k3")
-    assert k3_run.data.metrics["concurrent4.acceptance_rate.median"] > 0
+    assert k3_run.data.metrics["concurrent4.acceptance_rate"] > 0
     assert "single.decode_tok_s.vs_baseline" in k3_run.data.metrics
     assert k3_run.data.metrics["regression.passed"] == sum(1 for c in k3_cases if c["passed"])
     assert k3_run.data.metrics["regression.regressions"] == sum(1 for c in k3_cases if c["regression"])

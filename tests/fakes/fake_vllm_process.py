@@ -2,6 +2,8 @@
 worker in the same process group, /health, and scripted faults.
 
 usage: fake_vllm_process.py MODE PORT
+       fake_vllm_process.py serve MODEL --port=PORT [vllm flags...]   (as launcher.vllm_command;
+                                                                        MODE from $FAKE_VLLM_MODE)
   MODE: ok | crash | hang | stubborn | metrics500 | serve | serve-wrong
 
 ``serve`` also answers chat completions (a short SSE stream, each request logged with
@@ -20,7 +22,11 @@ import sys
 import threading
 import time
 
-mode, port = sys.argv[1], int(sys.argv[2])
+if len(sys.argv) > 2 and sys.argv[2].isdigit():
+    mode, port = sys.argv[1], int(sys.argv[2])
+else:  # called the way specexp calls vllm: serve MODEL --port=N ...
+    mode = os.environ.get("FAKE_VLLM_MODE", "serve")
+    port = int(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--port=")))
 
 
 def log(msg: str) -> None:
@@ -36,6 +42,15 @@ class Health(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
+        if mode.startswith("serve") and self.path == "/v1/models":
+            card = {"id": "/fake", "object": "model", "root": "/fake", "max_model_len": 2048}
+            body = json.dumps({"object": "list", "data": [card]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if mode.startswith("serve") and self.path == "/metrics":
             body = b"# no spec decode counters\n"
             self.send_response(200)
