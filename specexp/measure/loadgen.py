@@ -34,6 +34,7 @@ Message = dict[str, Any]
 # asyncio wakes a sleeper up to a millisecond late (epoll's timeout is in whole ms), so
 # the last stretch before a due time is waited out by yielding to the loop instead.
 SPIN_S = 0.002
+LEAD_S = 0.02  # open loop: a conversation's task starts this long before it is due
 
 
 @dataclass(frozen=True)
@@ -120,14 +121,14 @@ async def run_window(
         conv = convs[ci]
         for k, turn in enumerate(conv):
             index = base[ci] + k
+            payload = build_payload(turn, history, defaults)  # ready before it is due
             if k > 0:
                 due = time.perf_counter() - start
                 if window.trace_start_s is not None and turn.timestamp_s is not None:
-                    wanted = turn.timestamp_s - window.trace_start_s
-                    if wanted > due:
-                        due = wanted
-                        await sleep_until(start + due, spin_s)
-            rec = await send(index, turn, build_payload(turn, history, defaults))
+                    due = max(due, turn.timestamp_s - window.trace_start_s)
+            if due is not None:
+                await sleep_until(start + due, spin_s)
+            rec = await send(index, turn, payload)
             rec.slice, rec.session, rec.turn = turn.slice, turn.session, k
             if due is not None:
                 rec.scheduled_s = due
@@ -165,6 +166,8 @@ async def run_window(
             assert window.due_s is not None
             dues = list(window.due_s)
             for ci in sorted(range(len(convs)), key=lambda i: dues[i]):
-                await sleep_until(start + dues[ci], spin_s)
+                # each conversation waits for its own due time: started a little early, its
+                # first request goes out without waiting for the loop to start it
+                await sleep_until(start + dues[ci] - LEAD_S, 0.0)
                 group.create_task(play(ci, dues[ci]))
     return [r for r in records if r is not None]
