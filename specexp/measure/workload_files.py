@@ -405,3 +405,21 @@ def write_jsonl(path: Path, turns: list[Turn] | tuple[Turn, ...]) -> None:
             rec["timestamp"] = t.timestamp_s
         lines.append(json.dumps(rec, ensure_ascii=False))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_vllm_custom(path: Path, turns: list[Turn] | tuple[Turn, ...]) -> None:
+    """Write single-message turns as ``vllm bench serve``'s custom dataset
+    (``--dataset-name custom``), so the peer and specexp send the same prompts."""
+    lines = []
+    for t in turns:
+        if (
+            len(t.messages) != 1
+            or t.messages[0].get("role") != "user"
+            or not isinstance(t.messages[0].get("content"), str)
+        ):
+            raise ValueError(f"record {t.record}: vllm's custom dataset holds one user prompt per line")
+        rec: dict[str, Any] = {"prompt": t.messages[0]["content"]}
+        if t.max_tokens is not None:
+            rec["output_tokens"] = t.max_tokens
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from specexp.measure.workload_files import WorkloadFileError, read
+from specexp.measure.workload_files import Turn, WorkloadFileError, read, write_jsonl, write_vllm_custom
 
 
 def _jsonl(tmp_path: Path, records: list[Any], name: str = "traffic.jsonl") -> Path:
@@ -246,3 +246,35 @@ def test_an_empty_file_is_an_error(tmp_path: Path) -> None:
     path.write_text("\n\n")
     with pytest.raises(WorkloadFileError, match="no records"):
         read(path)
+
+
+def test_written_files_read_back_the_same(tmp_path: Path) -> None:
+    src = _jsonl(
+        tmp_path,
+        [
+            {
+                "messages": [{"role": "user", "content": "one"}],
+                "max_tokens": 9,
+                "slice": "a",
+                "session": "s",
+                "timestamp": 1.0,
+            },
+            {"messages": [{"role": "user", "content": "two"}], "session": "s", "timestamp": 2.0},
+        ],
+    )
+    turns = read(src).turns
+    chat = tmp_path / "chat.jsonl"
+    write_jsonl(chat, turns)
+    assert [(t.messages, t.fields, t.slice, t.session, t.timestamp_s) for t in read(chat).turns] == [
+        (t.messages, t.fields, t.slice, t.session, t.timestamp_s) for t in turns
+    ]
+    custom = tmp_path / "custom.jsonl"
+    write_vllm_custom(custom, turns)
+    assert custom.read_text().splitlines() == ['{"prompt": "one", "output_tokens": 9}', '{"prompt": "two"}']
+    assert [(t.messages, t.max_tokens) for t in read(custom).turns] == [
+        (t.messages, t.max_tokens) for t in turns
+    ]
+    with pytest.raises(ValueError, match="one user prompt per line"):
+        write_vllm_custom(
+            custom, [Turn(1, ({"role": "system", "content": "x"}, {"role": "user", "content": "y"}))]
+        )
