@@ -19,8 +19,9 @@ cannot keep up would otherwise quietly offer less load than asked
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -152,8 +153,28 @@ async def run_window(
                 {"role": "assistant", "content": rec.text},
             ]
 
+    # a full garbage collection walks every object the process holds (the sweep has MLflow,
+    # Hydra and pydantic loaded): milliseconds in which no request goes out. Frozen, the
+    # objects that existed before the window are not walked again until it ends.
+    gc.freeze()
+    try:
+        await _dispatch(convs, window, play, spin_s, start)
+    finally:
+        gc.unfreeze()
+    return [r for r in records if r is not None]
+
+
+async def _dispatch(
+    convs: list[tuple[Turn, ...]],
+    window: Window,
+    play: Callable[[int, float | None], Coroutine[Any, Any, None]],
+    spin_s: float,
+    start: float,
+) -> None:
+    """Closed loop: streams that each take the next conversation. Open loop: every
+    conversation started when it is due."""
     async with asyncio.TaskGroup() as group:
-        if not open_loop:
+        if window.due_s is None:
             pending = iter(range(len(convs)))
 
             async def stream() -> None:
@@ -163,11 +184,9 @@ async def run_window(
             for _ in range(min(window.concurrency or 1, len(convs))):
                 group.create_task(stream())
         else:
-            assert window.due_s is not None
             dues = list(window.due_s)
             for ci in sorted(range(len(convs)), key=lambda i: dues[i]):
                 # each conversation waits for its own due time: started a little early, its
                 # first request goes out without waiting for the loop to start it
                 await sleep_until(start + dues[ci] - LEAD_S, 0.0)
                 group.create_task(play(ci, dues[ci]))
-    return [r for r in records if r is not None]
