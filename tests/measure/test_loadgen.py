@@ -8,6 +8,7 @@ is tests/e2e/test_traffic_real_vllm.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -44,10 +45,12 @@ class Recorder:
     seen: list[Seen] = field(default_factory=list)
     open_now: int = 0
     most_open: int = 0
+    frozen: list[int] = field(default_factory=list)  # gc.get_freeze_count() at each request
 
     async def handler(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         entry = Seen(body, time.perf_counter())
+        self.frozen.append(gc.get_freeze_count())
         self.seen.append(entry)
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
@@ -191,3 +194,10 @@ def test_the_records_own_fields_win_and_specexp_sets_model_and_streaming() -> No
     )
     plain = build_payload(user("hi"), [], DEFAULTS)
     assert (plain["max_tokens"], plain["temperature"]) == (16, 0.0)
+
+
+def test_the_collector_leaves_older_objects_alone_during_the_window_only() -> None:
+    rec = Recorder()
+    replay(rec, Window([(user("q0"),), (user("q1"),)], due_s=[0.0, 0.01]))
+    assert all(n > 0 for n in rec.frozen)
+    assert gc.get_freeze_count() == 0
