@@ -123,3 +123,12 @@ def test_a_malformed_workload_file_is_one_line_and_creates_nothing(
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"specexp: error: workload file {path}, {says}"), line
     assert list(workdir.iterdir()) == []
+
+
+def test_the_shipped_agent_traffic_has_slices_and_sessions() -> None:
+    (variant,) = plan_sweep(["spec=none", "bench=traffic"], with_baseline=False)
+    plans = plan_cases(variant.config.bench)
+    assert sorted(plans) == ["agent.coding_conflict", "agent.portfolio", "agent.smart_home", "agent.todo"]
+    sessions = [c for p in plans.values() for c in p.conversations if len(c) > 1]
+    assert len(sessions) >= 3
+    assert any(t.fields.get("tools") for p in plans.values() for c in p.conversations for t in c)
