@@ -56,10 +56,6 @@ class Window:
     concurrency: int | None = None  # closed loop: streams; open loop: cap on open requests
     trace_start_s: float | None = None  # replaying a trace: later turns wait for timestamp - this
 
-    @property
-    def requests(self) -> int:
-        return sum(len(c) for c in self.conversations)
-
 
 def build_payload(turn: Turn, history: list[Message], defaults: RequestDefaults) -> dict[str, Any]:
     """The request body: the record's own fields win over the case's defaults; specexp sets
