@@ -9,7 +9,6 @@ sweep goes further and takes one trial of every variant per round.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -17,14 +16,13 @@ from collections.abc import Callable
 import aiohttp
 import httpx
 
-from specexp.config.schema import BenchConfig, CaseConfig
-from specexp.errors import ConfigError
+from specexp.config.schema import BenchConfig
 from specexp.launch.base import Endpoint
 from specexp.measure import client as streaming
-from specexp.measure import prometheus, workload
+from specexp.measure import prefix_cache, prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
-from specexp.measure.long_prompt import exact_prompt
+from specexp.measure.loadgen import RequestDefaults, build_payload, run_window
 from specexp.measure.stats import (
     SERVER_GAP_LIMIT,
     case_verdict,
@@ -33,6 +31,7 @@ from specexp.measure.stats import (
     summarize,
     trial_metrics,
 )
+from specexp.measure.traffic import CasePlan, plan_cases, slo_of, traffic_metrics, window
 from specexp.record.results import (
     AcceptanceRecord,
     CaseResult,
@@ -45,17 +44,17 @@ Progress = Callable[[str], None]
 EXTRA_WARMUPS = 3  # further warm-up requests while a speculative server has not drafted yet
 
 
-def _case_prompts(
-    endpoint: Endpoint, bench: BenchConfig, case_name: str, case: CaseConfig, case_index: int
-) -> list[workload.Messages]:
-    """A case's prompts: the same in every trial, so they are built once per case."""
-    if case.prompt_tokens is None:
-        return workload.prompts_for(case.workload or bench.workload, case_index, case.num_prompts, bench.seed)
-    if endpoint.tokenizer is None:
-        raise ConfigError(
-            f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"
-        )
-    return [exact_prompt(endpoint.tokenizer, case.prompt_tokens, i) for i in range(case.num_prompts)]
+async def _scrape(
+    client: httpx.AsyncClient, url: str
+) -> tuple[prometheus.Snapshot, prefix_cache.PrefixCacheCounters]:
+    resp = await client.get(url, timeout=10.0)
+    resp.raise_for_status()
+    return prometheus.parse_metrics(resp.text), prefix_cache.parse(resp.text)
+
+
+def _defaults(endpoint: Endpoint, bench: BenchConfig, plan: CasePlan) -> RequestDefaults:
+    case = plan.case
+    return RequestDefaults(endpoint.model, case.max_tokens, bench.temperature, bench.seed, case.ignore_eos)
 
 
 def check_loops(records: list[RequestRecord]) -> None:
@@ -70,40 +69,33 @@ async def _run_case(
     streams: aiohttp.ClientSession,
     endpoint: Endpoint,
     bench: BenchConfig,
-    case_name: str,
-    case: CaseConfig,
-    prompts: list[workload.Messages],
+    plan: CasePlan,
     trial: int,
 ) -> TrialRecord:
     url = f"{endpoint.base_url}/v1/chat/completions"
+    case = plan.case
     if bench.reset_prefix_cache:
         with contextlib.suppress(httpx.HTTPError):
             await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
-    before = await prometheus.scrape(client, endpoint.metrics_url)
-    sem = asyncio.Semaphore(case.concurrency)
+    before, cache_before = await _scrape(client, endpoint.metrics_url)
+    plan_window = window(plan, bench.seed, trial)
     started_at = time.time()
     t0 = time.perf_counter()
-
-    async def one(i: int) -> RequestRecord:
-        payload = chat_payload(
-            endpoint.model,
-            prompts[i],
-            max_tokens=case.max_tokens,
-            temperature=bench.temperature,
-            seed=bench.seed,
-            ignore_eos=case.ignore_eos,
-        )
-        async with sem:
-            return await stream_chat(streams, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
-
-    records = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+    records = await run_window(
+        streams,
+        url,
+        plan_window,
+        _defaults(endpoint, bench, plan),
+        timeout_s=bench.request_timeout_s,
+        t0=t0,
+    )
     duration = time.perf_counter() - t0
-    after = await prometheus.scrape(client, endpoint.metrics_url)
+    after, cache_after = await _scrape(client, endpoint.metrics_url)
     check_loops(records)  # after the window: the check is not part of what is timed
     reset = prometheus.reset_reason(before, after)
     if reset is not None:
         return TrialRecord(
-            case=case_name,
+            case=plan.name,
             trial=trial,
             started_at=started_at,
             duration_s=duration,
@@ -112,8 +104,12 @@ async def _run_case(
             error=f"not a measurement: {reset}",
         )
     acc = prometheus.delta(before, after)
-    metrics = trial_metrics(records, duration, case.concurrency)
+    metrics = trial_metrics(records, duration, plan.streams)
     metrics.update(server_metrics(records, prometheus.server_window(before, after)))
+    metrics.update(traffic_metrics(records, duration, slo_of(bench), plan.open_loop))
+    hits = prefix_cache.hit_rate(cache_before, cache_after)
+    if hits is not None:
+        metrics["prefix_cache_hit_rate"] = hits
     if case.prompt_tokens is not None:
         # the server's own count must match the exact length asked for
         metrics["prompt_tokens_mismatch"] = float(
@@ -138,7 +134,7 @@ async def _run_case(
         for pos, rate in enumerate(acc.per_position):
             metrics[f"acceptance_pos{pos}"] = rate
     return TrialRecord(
-        case=case_name,
+        case=plan.name,
         trial=trial,
         started_at=started_at,
         duration_s=duration,
@@ -165,12 +161,9 @@ class VariantBench:
         trials after the ones ``prior`` holds, and its results include them."""
         self.endpoint, self.bench, self.launch = endpoint, bench, launch
         self.say: Progress = progress or (lambda _msg: None)
-        self.prompts = {
-            name: _case_prompts(endpoint, bench, name, case, ci)
-            for ci, (name, case) in enumerate(bench.cases.items())
-        }
+        self.plans = plan_cases(bench, endpoint.tokenizer)
         self.trials: dict[str, list[TrialRecord]] = {
-            name: list((prior or {}).get(name, [])) for name in bench.cases
+            name: list((prior or {}).get(name, [])) for name in self.plans
         }
         self.first_trial = self.done
         self._client: httpx.AsyncClient | None = None  # control: /metrics, cache reset
@@ -229,20 +222,21 @@ class VariantBench:
     async def _warm_up_request(self, i: int, longer: bool) -> None:
         assert self._streams is not None
         url = f"{self.endpoint.base_url}/v1/chat/completions"
-        first = next(iter(self.bench.cases), None)
-        messages, max_tokens, ignore_eos = workload.warmup_prompt(), 16, False
-        if first is not None:
-            case, prompts = self.bench.cases[first], self.prompts[first]
-            messages, ignore_eos = prompts[i % len(prompts)], case.ignore_eos
-            max_tokens = min(128 if longer else 32, case.max_tokens)
-        payload = chat_payload(
-            self.endpoint.model,
-            messages,
-            max_tokens=max_tokens,
-            temperature=self.bench.temperature,
-            seed=self.bench.seed,
-            ignore_eos=ignore_eos,
-        )
+        first = next(iter(self.plans.values()), None)
+        if first is None:
+            payload = chat_payload(
+                self.endpoint.model,
+                workload.warmup_prompt(),
+                max_tokens=16,
+                temperature=self.bench.temperature,
+                seed=self.bench.seed,
+            )
+        else:
+            convs = first.conversations
+            payload = build_payload(convs[i % len(convs)][0], [], _defaults(self.endpoint, self.bench, first))
+            for key in ("max_tokens", "max_completion_tokens"):
+                if key in payload:
+                    payload[key] = min(128 if longer else 32, payload[key])
         rec = await stream_chat(
             self._streams,
             url,
@@ -258,19 +252,17 @@ class VariantBench:
         """One more trial of every case (cases in order, so drift spreads over all of them)."""
         assert self._client is not None and self._streams is not None, "use VariantBench with async with"
         t = self.done
-        for name, case in self.bench.cases.items():
+        for name, plan in self.plans.items():
             self.say(f"trial {t + 1}/{of} · {name}")
-            record = await _run_case(
-                self._client, self._streams, self.endpoint, self.bench, name, case, self.prompts[name], t
-            )
+            record = await _run_case(self._client, self._streams, self.endpoint, self.bench, plan, t)
             record.launch = self.launch
             self.trials[name].append(record)
 
     def results(self) -> dict[str, CaseResult]:
-        return {name: _case_result(name, case, self.trials[name]) for name, case in self.bench.cases.items()}
+        return {name: _case_result(plan, self.bench, self.trials[name]) for name, plan in self.plans.items()}
 
 
-def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseResult:
+def _case_result(plan: CasePlan, bench: BenchConfig, recs: list[TrialRecord]) -> CaseResult:
     ok = [r for r in recs if r.ok]
     keys = sorted({k for r in ok for k in r.metrics})
     summary = {}
@@ -278,9 +270,17 @@ def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseRe
         s = summarize(r.metrics[key] for r in ok if key in r.metrics)
         if s is not None:
             summary[key] = s
+    # under open loop the offered load is fixed, so throughput says little: goodput (with
+    # objectives) or each request's own decode speed is what a better variant improves
+    primary = None
+    if plan.open_loop:
+        primary = "goodput_req_s" if slo_of(bench).active else "decode_tok_s"
     return CaseResult(
-        case=name,
-        concurrency=case.concurrency,
+        case=plan.name,
+        concurrency=plan.streams,
+        primary_metric=primary,
+        request_rate=plan.case.request_rate,
+        burstiness=plan.case.burstiness,
         trials=recs,
         summary=summary,
         failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),

@@ -233,7 +233,10 @@ def server_metrics(records: Sequence[RequestRecord], window: ServerWindow | None
 
 
 def primary_metric(case: CaseResult) -> str:
-    """The figure a case is about: decode speed for one stream, aggregate output for several."""
+    """The figure a case is about: decode speed for one stream, aggregate output for several
+    (unless the case names its own, as an open-loop case does)."""
+    if case.primary_metric:
+        return case.primary_metric
     return "decode_tok_s" if case.concurrency == 1 else "output_tok_s"
 
 

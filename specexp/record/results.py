@@ -42,6 +42,13 @@ class RequestRecord(_Model):
     def answer_tokens(self) -> int:
         return self.output_tokens - (self.reasoning_tokens or 0)
 
+    # where the request came from in its workload, and when it was due (see measure.loadgen)
+    slice: str | None = None
+    session: str | None = None
+    turn: int = 0  # position in its conversation (0: the first request)
+    scheduled_s: float | None = None  # due time from the trial start (open loop, later turns)
+    late_s: float | None = None  # request on the socket minus its due time
+
     @property
     def ok(self) -> bool:
         return self.error is None
@@ -111,6 +118,9 @@ class CaseResult(_Model):
     summary: dict[str, Summary]  # metric name -> median [min, max] over trials
     failed_requests: int = 0
     looping_outputs: int = 0  # outputs that loop: acceptance and speed of this case are inflated
+    primary_metric: str | None = None  # the figure verdicts use, when not the default for its concurrency
+    request_rate: float | None = None  # open loop: requests/s offered (None: closed loop or a trace)
+    burstiness: float = 1.0  # open loop: shape of the gamma-distributed gaps (1: Poisson)
     verdict: Verdict | None = None  # the case's main figure against the baseline
     failed_trials: int = 0  # windows that are not measurements (TrialRecord.error)
     # trials whose client decode speed and the server's own differ by more than 5 %

@@ -80,7 +80,21 @@ def _case_cells(cr: CaseResult) -> list[str]:
         acc += f" [red]Σ≠{cr.acceptance_inconsistent}[/red]"
     if cr.looping_outputs:
         acc += " [red]⟳ loops[/red]"
-    return [speed, fmt_range(cr.summary.get("ttft_ms"), digits=0), fairness, acc]
+    if key == "goodput_req_s":
+        speed += " good req/s"
+    return [speed, fmt_range(cr.summary.get("ttft_ms"), digits=0), fairness, acc, _traffic_cell(cr)]
+
+
+def _traffic_cell(cr: CaseResult) -> str:
+    """Prefix-cache hits, the share of requests within the objectives, open-loop send lateness."""
+    parts = []
+    if (hit := cr.summary.get("prefix_cache_hit_rate")) is not None:
+        parts.append(f"hit {hit.median:.0%}")
+    if (good := cr.summary.get("good_fraction")) is not None:
+        parts.append(f"good {good.median:.0%}")
+    if (late := cr.summary.get("send_late_p99_ms")) is not None:
+        parts.append(f"late {late.max:.1f}ms")
+    return " · ".join(parts) or "–"
 
 
 def summary_table(results: list[VariantResult]) -> Table:
@@ -94,12 +108,13 @@ def summary_table(results: list[VariantResult]) -> Table:
         ("TTFT ms", "right"),
         ("spread ms / Jain", "right"),
         ("accept", "right"),
+        ("traffic", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
         ready = f"{r.ready_s:.1f}" if r.ready_s else "–"
         if r.status != "ok":
-            table.add_row(r.label, ready, f"[red]{r.status}[/red]", (r.error or "")[:60], "", "", "")
+            table.add_row(r.label, ready, f"[red]{r.status}[/red]", (r.error or "")[:60], "", "", "", "")
             continue
         for i, (name, cr) in enumerate(r.cases.items()):
             last = i == len(r.cases) - 1
@@ -116,7 +131,9 @@ def summary_table(results: list[VariantResult]) -> Table:
         "windows that are not measurements (server counters reset; left out); "
         "spread / Jain: TTFT max − min across streams and Jain's index of per-stream throughput; "
         "accept: acceptance rate / mean length, Σ≠N: N windows whose mean length is not 1 + Σ "
-        "per-position rates; ⟳ loops: outputs loop, so speed and acceptance are inflated"
+        "per-position rates; ⟳ loops: outputs loop, so speed and acceptance are inflated; "
+        "traffic: prefix-cache hit rate, share of requests within bench.slo, worst p99 send lateness "
+        "(open loop); good req/s: goodput, the figure an open-loop case is judged on"
     )
     return table
 

@@ -35,7 +35,7 @@ from specexp.launch.base import Launcher, create_launcher, launcher_class, targe
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
-from specexp.measure import workload
+from specexp.measure.traffic import check_bench
 from specexp.record.files import variant_dir
 from specexp.record.folder import FolderRecorder
 from specexp.record.recorder import Recorder, RecorderSet
@@ -56,11 +56,11 @@ class SweepOutcome:
 
 # -- before anything starts ---------------------------------------------------------------
 def check_inputs(variants: list[Variant]) -> None:
-    """A bad suite case or an unknown workload is a one-line error before anything starts."""
+    """A bad suite case, an unknown workload or a bad record in a workload file is a one-line
+    error before anything starts."""
     for v in variants:
         parse_cases(v.config.suite.cases, v.config.suite.name)
-        for case in v.config.bench.cases.values():
-            workload.load(case.workload or v.config.bench.workload)
+        check_bench(v.config.bench)
 
 
 def launch_plans(

@@ -22,6 +22,7 @@ from specexp.launch.plan import free_port
 from specexp.measure import runner
 from specexp.measure.runner import VariantBench, _case_result, measure
 from specexp.measure.stats import case_verdict
+from specexp.measure.traffic import plan_cases
 from specexp.record.results import CaseResult, RequestRecord, TrialRecord, VariantResult
 from tests.launch.test_local import fake_plan
 
@@ -127,6 +128,10 @@ def _trials(base_url: str, bench: BenchConfig, rounds: int = 1) -> list[TrialRec
     return asyncio.run(go())
 
 
+def _single_result(bench: BenchConfig, trials: list[TrialRecord]) -> CaseResult:
+    return _case_result(plan_cases(bench, None)["single"], bench, trials)
+
+
 def test_client_decode_speed_matches_the_servers_own(scripted: str) -> None:
     (trial,) = _trials(scripted, _scripted_bench())
     m = trial.metrics
@@ -134,7 +139,7 @@ def test_client_decode_speed_matches_the_servers_own(scripted: str) -> None:
     # the last step makes only EOS: a window ending at the last text chunk would leave out one
     # of 11 gaps (20-40 ms of ~330 ms) and read ~9 % fast
     assert abs(m["client_server_gap"]) < 0.05
-    case = _case_result("single", _scripted_bench().cases["single"], [trial])
+    case = _single_result(_scripted_bench(), [trial])
     assert case.server_disagreements == 0
 
 
@@ -144,7 +149,7 @@ def test_a_counter_reset_inside_a_window_fails_that_trial_only(scripted: str) ->
     first, second = _trials(scripted, bench, rounds=2)
     assert not first.ok and "restarted" in (first.error or "") and first.metrics == {}
     assert second.ok and second.metrics["decode_tok_s"] > 0
-    case = _case_result("single", bench.cases["single"], [first, second])
+    case = _single_result(bench, [first, second])
     assert case.failed_trials == 1 and case.summary["decode_tok_s"].n == 1
     # statistics and verdicts skip it: a 1e9 tok/s "window" would otherwise decide the verdict
     first.metrics = {"decode_tok_s": 1e9}
