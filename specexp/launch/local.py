@@ -167,6 +167,8 @@ class LocalLauncher(StartStopContext):
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        if self._proc is not None:  # a second server would orphan the first one's handle
+            raise LaunchError(f"{self.plan.label}: this launcher has already started its server")
         if self.plan.api_port == 0:  # this machine is the node that serves
             self.plan = self.plan.with_port(free_port(self.plan.api_host))
         else:

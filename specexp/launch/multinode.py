@@ -204,6 +204,8 @@ class MultinodeLauncher(StartStopContext):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        if self._loop is not None:  # a second launch would orphan the first one's processes
+            raise LaunchError(f"{self.plan.label}: this launcher has already started its nodes")
         self._loop = LoopThread()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for run in self._runs:

@@ -9,7 +9,6 @@ and to one MLflow run whose metrics have one step per launch.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from specexp.launch.base import create_launcher, launcher_class
 from specexp.launch.plan import LaunchPlan
 from specexp.launch.preflight import check_checkpoint
 from specexp.paths import workdir
+from specexp.record.files import atomic_write_json
 
 
 @dataclass
@@ -93,6 +93,11 @@ def _preflight(variant: Variant, plan: LaunchPlan) -> None:
         raise ConfigError(pre.message)
 
 
+def _write(result: RestartsResult) -> None:
+    doc: dict[str, Any] = {**asdict(result), "summary": result.summary()}
+    atomic_write_json(Path(result.folder) / "restarts.json", doc)
+
+
 def run_restarts(n: int, variant: Variant, plan: LaunchPlan, console: Console) -> RestartsResult:
     if n < 1:
         raise ConfigError(f"restarts: N={n} must be >= 1")
@@ -115,6 +120,7 @@ def run_restarts(n: int, variant: Variant, plan: LaunchPlan, console: Console) -
             restart.error = str(exc)
         restart.wall_s = round(time.perf_counter() - t0, 3)
         result.restarts.append(restart)
+        _write(result)  # after every launch: a Ctrl-C in launch 3 keeps launches 1 and 2
         if restart.ok:
             slowest = {node: max(p.items(), key=lambda kv: kv[1]) for node, p in restart.phases.items() if p}
             detail = ", ".join(
@@ -123,8 +129,6 @@ def run_restarts(n: int, variant: Variant, plan: LaunchPlan, console: Console) -
             console.print(f"[green]✓[/green] launch {i + 1}/{n}: ready in {restart.ready_s:.1f}s ({detail})")
         else:
             console.print(f"[red]✗ launch {i + 1}/{n}: {restart.error}[/red]", highlight=False)
-    doc: dict[str, Any] = {**asdict(result), "summary": result.summary()}
-    (folder / "restarts.json").write_text(json.dumps(doc, indent=2) + "\n")
     if variant.config.tracking.enabled:
         _log_mlflow(variant, result, console)
     s = result.summary()

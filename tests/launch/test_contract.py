@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from specexp.config.schema import LauncherConfig
-from specexp.errors import ConfigError
+from specexp.errors import ConfigError, LaunchError
 from specexp.launch.base import Endpoint, Launcher, create_launcher, kinds, launcher_class
 from specexp.launch.local import LocalLauncher
 from tests.launch.test_local import fake_plan
@@ -117,6 +117,18 @@ def test_start_wait_ready_answers_and_stop_leaves_nothing(made: Made) -> None:
         started()  # note what runs
     assert started() == []
     launcher.stop()  # idempotent
+
+
+def test_a_second_start_is_refused_and_leaves_one_server(made: Made) -> None:
+    launcher, started = made
+    with launcher:
+        launcher.wait_ready()
+        before = started()
+        if before:  # a launcher that starts nothing has nothing to refuse
+            with pytest.raises(LaunchError, match="already started"):
+                launcher.start()
+            assert started() == before
+    assert started() == []
 
 
 def test_effective_config_is_read_from_the_running_server(made: Made) -> None:

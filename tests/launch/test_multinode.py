@@ -26,6 +26,7 @@ from specexp.launch.base import HostMemoryLow, create_launcher
 from specexp.launch.multinode import MultinodeLauncher
 from specexp.launch.plan import build_plan
 from tests.fixtures.checkpoints import glm_like
+from tests.helpers import run_cli
 from tests.netns_cluster import Cluster, cluster, wait_until
 
 FAKE = Path(__file__).parents[1] / "fakes" / "fake_vllm_process.py"
@@ -354,3 +355,27 @@ def test_faults_fail_their_variants_clearly_and_the_sweep_goes_on(two: Cluster, 
     assert len(gated) == 2 and all(r.info.status == "FAILED" for r in gated)
     assert all(r.data.tags["specexp.memory_gate"].startswith("node0: ") for r in gated)
     assert all(r.data.tags["specexp.memory_gate"].endswith(" GiB < 100000 GiB") for r in gated)
+
+
+def test_doctor_on_demand_names_the_cause_of_a_stalled_launch(tmp_path: Path) -> None:
+    """``python -m specexp doctor`` against a launch that hangs (the launcher's own doctor
+    held off): exit 1 and the cause by node. (The nodes share this machine's process table,
+    so a "nothing wrong" run would also see every other vLLM process here.)"""
+    with cluster(2, loopback_hostname=(1,)) as c:
+        py_spy = f"launcher.py_spy=[{Path(sys.executable).with_name('py-spy')}]"
+        hang = ["+server.env.FAKE_VLLM_MODE=gloo-hang", "launcher.stall_s=600", py_spy]
+        with launcher(c, tmp_path / "launch", *hang, gloo=False) as ln:
+            wait_until(lambda: len(group_members(c, ln)) >= 4, 30, "both nodes' processes to start")
+            proc = run_cli(["doctor", *c.overrides(gloo=False), *FAST, *hang], tmp_path)
+        assert proc.returncode == 1, proc.stderr
+        assert "hostname node1 resolves to 127.0.0.1" in proc.stdout
+        assert "GLOO_SOCKET_IFNAME is not set" in proc.stdout
+        nothing_left(c)
+
+
+def test_doctor_without_nodes_is_one_line(tmp_path: Path) -> None:
+    proc = run_cli(["doctor", "spec=none"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "specexp: error: doctor examines launcher.nodes: give them (launcher=multinode launcher.nodes=[...])"
+    ]
