@@ -48,17 +48,50 @@ MODELS = {
 }
 
 
+# Built from an embedded model rather than a wheel: name -> (source model, script, credit)
+DERIVED = {
+    "tiny-llama-tp2": (
+        "smollm2-135m-instruct",
+        Path(__file__).with_name("tiny_llama.py"),
+        "A random 2-layer Llama (2 heads, 2 KV heads: tensor parallelism can split it) with "
+        "SmolLM2-135M-Instruct's tokenizer; written by specexp for multi-node tests.",
+    )
+}
+
+
 def _spec(name: str) -> EmbeddedModel:
     try:
         return MODELS[name]
     except KeyError:
-        raise SpecexpError(f"unknown embedded model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+        known = ", ".join(sorted([*MODELS, *DERIVED]))
+        raise SpecexpError(f"unknown embedded model {name!r}; known: {known}") from None
 
 
 def embedded_model_dir(name: str) -> Path:
     """Where the model is (or will be) built; does not build it."""
+    if name in DERIVED:
+        source = _spec(DERIVED[name][0])
+        return models_dir() / f"{name}-{source.sha256[:8]}"
     spec = _spec(name)
     return models_dir() / f"{spec.name}-{spec.sha256[:8]}"
+
+
+def _build_derived(name: str, py: Path, quiet: bool) -> Path:
+    source_name, script, credit = DERIVED[name]
+    source = build(source_name, python=py, quiet=quiet)
+    out = embedded_model_dir(name)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp_name:
+        staged = Path(tmp_name) / "model"
+        cmd = [str(py), str(script), str(source), str(staged)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not (staged / "config.json").exists():
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            raise SpecexpError(f"writing {name} failed: {tail}")
+        (staged / "CREDITS.txt").write_text(credit + "\n")
+        (staged / COMPLETE_MARKER).write_text(source.name + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        staged.rename(out)
+    return out
 
 
 def is_built(name: str) -> bool:
@@ -75,7 +108,6 @@ def sha256_of(path: Path) -> str:
 
 def build(name: str, *, python: Path | None = None, quiet: bool = False) -> Path:
     """Build the model once; later calls return the cached folder at once."""
-    spec = _spec(name)
     out = embedded_model_dir(name)
     if (out / COMPLETE_MARKER).exists():
         return out
@@ -85,6 +117,9 @@ def build(name: str, *, python: Path | None = None, quiet: bool = False) -> Path
             f"cannot build {name}: no vLLM virtualenv at {vllm_venv()} (run scripts/bootstrap.sh setup)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
+    if name in DERIVED:
+        return _build_derived(name, py, quiet)
+    spec = _spec(name)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp_name:
         tmp = Path(tmp_name)
         cmd = [
