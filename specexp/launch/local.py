@@ -114,6 +114,19 @@ def startup_phases(marks: dict[str, float], ready_s: float | None) -> dict[str, 
     return out
 
 
+# A Unix socket path holds at most 107 bytes; vLLM names its ZMQ sockets
+# <VLLM_RPC_BASE_PATH>/<36-character uuid>, so the folder (with specexp's own suffix) must stay
+# well below 70 characters.
+_MAX_SOCKET_BASE = 48
+
+
+def _socket_safe_tempdir() -> str | None:
+    """The temp folder, unless its path is too long for vLLM's IPC sockets (a deep
+    ``$TMPDIR``): then /tmp. ``None`` means the default."""
+    base = tempfile.gettempdir()
+    return None if len(base) <= _MAX_SOCKET_BASE else "/tmp"
+
+
 class LocalLauncher(StartStopContext):
     """Context manager: ``with LocalLauncher(plan, log) as ln: endpoint = ln.wait_ready()``."""
 
@@ -179,7 +192,7 @@ class LocalLauncher(StartStopContext):
         # vLLM leaves its ZMQ IPC sockets in $VLLM_RPC_BASE_PATH and its gloo rendezvous file
         # (vllm_dist_*) and compile caches in $TMPDIR; give each launch its own folder for
         # both and remove it on stop, so no run litters the machine.
-        self._rpc_dir = Path(tempfile.mkdtemp(prefix="specexp-rpc-"))
+        self._rpc_dir = Path(tempfile.mkdtemp(prefix="specexp-rpc-", dir=_socket_safe_tempdir()))
         env = launch_env({"VLLM_RPC_BASE_PATH": str(self._rpc_dir), "TMPDIR": str(self._rpc_dir), **node.env})
         self._t0 = time.perf_counter()
         try:

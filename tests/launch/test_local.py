@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,3 +178,20 @@ def test_servers_asked_to_stop_together_wind_down_together(tmp_path: Path) -> No
     assert t1 - t0 >= timeout_s  # SIGTERM was ignored: the first one waited out its timeout
     assert t2 - t1 < timeout_s / 2  # the second only had to be killed
     assert not any(alive(w) for w in workers)
+
+
+def test_a_deep_temp_folder_still_gives_vllm_a_socket_path_that_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's ZMQ sockets are <VLLM_RPC_BASE_PATH>/<uuid>; a Unix socket path holds 107 bytes."""
+    deep = tmp_path / ("d" * 80)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    log = tmp_path / "server.log"
+    with LocalLauncher(fake_plan("ok"), log, ready_timeout_s=20) as ln:
+        ln.wait_ready()
+        rpc = re.search(r"RPC_DIR=(\S+)", log.read_text())
+        assert rpc is not None
+        assert len(f"{rpc.group(1)}/{uuid.uuid4()}") <= 107
+    assert list(deep.iterdir()) == []
