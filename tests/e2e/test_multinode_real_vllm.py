@@ -68,8 +68,8 @@ def test_tp2_across_two_nodes_benchmarks_through_the_head_and_leaves_nothing(wor
         assert single["failed_requests"] == 0 and single["summary"]["output_tok_s"]["median"] > 0
         phases = v["startup_phases"]
         # every node's phases from its own log; the headless follower has no API server
-    assert phases["node0.weight_load_s"] > 0 and phases["node1.weight_load_s"] > 0
-    assert "node0.api_import_config_s" in phases and "node1.api_import_config_s" not in phases
+        assert phases["node0.weight_load_s"] > 0 and phases["node1.weight_load_s"] > 0
+        assert "node0.api_import_config_s" in phases and "node1.api_import_config_s" not in phases
         folder = next((workdir / "results" / "mn").glob("*/node1.log"))
         assert "Loading weights took" in folder.read_text()  # the follower loaded its shard
         assert v["launch"]["nodes"][1]["argv"][-1] == "--headless"
