@@ -5,7 +5,11 @@ Endpoint once the server answers, reads back what really runs, and guarantees
 that ``stop()`` (also on error or Ctrl-C, through the context manager) leaves no
 process behind on any node. The orchestration calls only what is declared here;
 freezing idle servers (interleaved order on CPU) is an optional capability a
-launcher declares by implementing ``Pausable``.
+launcher declares by implementing ``Pausable``; a launcher whose progress has states
+worth showing implements ``Reporting``. A launcher class may also offer
+``sweep_scope(report)``, a context manager the sweep holds around all its variants
+(GPUStack: the model is put back as it was once, after the last variant), and
+``describe(plan, config)``, extra lines for ``--dry-run`` (GPUStack: the request body).
 
 Launchers are found by ``launcher.kind`` in a registry of import paths, so adding
 one is a new module plus one line, and the contract tests
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -37,10 +42,17 @@ class Endpoint:
     model: str  # the name requests must use
     tokenizer: str | None = None  # a local path to the model's tokenizer, when there is one
     api_key: str | None = field(default=None, repr=False, compare=False)
+    # The vLLM server's own address when requests go through a proxy that forwards only the
+    # OpenAI API (GPUStack): /metrics, /server_info and the prefix-cache reset are read there.
+    control_url: str | None = None
+
+    @property
+    def control_base(self) -> str:
+        return self.control_url or self.base_url
 
     @property
     def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
+        return f"{self.control_base}/metrics"
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -156,6 +168,14 @@ class Pausable(Protocol):
     def freeze(self) -> None: ...
 
     def thaw(self) -> None: ...
+
+
+@runtime_checkable
+class Reporting(Protocol):
+    """Launchers whose startup has states worth showing while it lasts (GPUStack's instance
+    states and messages) take the progress line's callback before they start."""
+
+    def set_progress(self, say: Callable[[str], None]) -> None: ...
 
 
 class LauncherFactory(Protocol):

@@ -63,7 +63,7 @@ async def _run_case(
     url = f"{endpoint.base_url}/v1/chat/completions"
     if bench.reset_prefix_cache:
         with contextlib.suppress(httpx.HTTPError):
-            await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
+            await client.post(f"{endpoint.control_base}/reset_prefix_cache", timeout=10.0)
     before = await prometheus.scrape(client, endpoint.metrics_url)
     sem = asyncio.Semaphore(case.concurrency)
     started_at = time.time()

@@ -72,11 +72,22 @@ def dry_run(variants: list[Variant], console: Console, validate: bool = True) ->
     checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
     console.print(f"{len(plans)} variant(s)", highlight=False)
     for i, (variant, plan, check) in enumerate(zip(variants, plans, checks, strict=True)):
-        print_plan(console, i, plan, check)
+        extra = _launcher_lines(plan, variant)
+        print_plan(console, i, plan, check, extra)
         pre = check_checkpoint(variant, plan.model_path, allow_fix=False)
         if pre.ran:
             console.print(f"    {pre.message}", highlight=False, soft_wrap=True)
     return [c for c in checks if c is not None]
+
+
+def _launcher_lines(plan: LaunchPlan, variant: Variant) -> list[str]:
+    """What the variant's launcher does instead of running the plan's commands (its
+    ``describe``), if it says."""
+    try:
+        describe = getattr(launcher_class(plan.kind), "describe", None)
+    except ConfigError:  # a kind this build lacks still prints its plan
+        return []
+    return list(describe(plan, variant.config.launcher)) if describe is not None else []
 
 
 def check_or_raise(checks: list[ValidationResult], console: Console | None = None) -> None:
@@ -219,18 +230,24 @@ def run_sweep(
     # starts them all (it would start them together right after anyway).
     together = plan.order == "interleaved" and all(plans[i].device == "cpu" for i in todo)
     early: dict[int, _Early] = {}
-    for i in todo[: len(todo) if together else 1]:
-        e = _start_early(variants[i], plans[i])
-        if e is not None:
-            early[i] = e
-    try:
-        with sigterm_as_interrupt():
-            console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
-            check_or_raise(validate_plans([plans[i] for i in todo]), console)
-        return _run_validated(plan, plans, console, early, resumed)
-    finally:
-        for e in early.values():  # stopping is a no-op where its variant already stopped it
-            e.discard()
+    with contextlib.ExitStack() as scopes:
+        # a launcher kind may hold state for the whole sweep (GPUStack: what to put back at the end)
+        for kind in sorted({p.kind for p in plans}):
+            scope = getattr(launcher_class(kind), "sweep_scope", None)
+            if scope is not None:
+                scopes.enter_context(scope(functools.partial(_warn, console)))
+        for i in todo[: len(todo) if together else 1]:
+            e = _start_early(variants[i], plans[i])
+            if e is not None:
+                early[i] = e
+        try:
+            with sigterm_as_interrupt():
+                console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
+                check_or_raise(validate_plans([plans[i] for i in todo]), console)
+            return _run_validated(plan, plans, console, early, resumed)
+        finally:
+            for e in early.values():  # stopping is a no-op where its variant already stopped it
+                e.discard()
 
 
 def _open_sweep(plan: SweepPlan, resumed: _Resumed | None) -> tuple[SweepResult, Path]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specexp.config.variant import Variant
 from specexp.errors import LaunchError, SuiteFailed
-from specexp.launch.base import EffectiveConfig, Endpoint, Launcher, create_launcher
+from specexp.launch.base import EffectiveConfig, Endpoint, Launcher, Reporting, create_launcher
 from specexp.launch.plan import LaunchPlan
 from specexp.launch.preflight import check_checkpoint
 from specexp.measure.long_prompt import load_tokenizer
@@ -92,6 +92,8 @@ class VariantSession:
             )
         else:
             launcher = create_launcher(self.plan, self.variant.config.launcher, log_dir)
+            if isinstance(launcher, Reporting):
+                launcher.set_progress(self.say)
             self.launcher = stack.enter_context(launcher)
         self.say("starting vllm serve" if launch == 0 else f"starting vllm serve (launch {launch + 1})")
 
@@ -122,6 +124,7 @@ class VariantSession:
         for line in self.launcher.substitutions:
             self.result.notes.append(f"server log: {line} (the server ran something else than asked)")
             self.recorder.tag(self.variant, "specexp.substitution", line)
+        self.result.notes.extend(getattr(self.launcher, "notes", []))  # what the launcher had to do
         effective = self.launcher.effective_config(endpoint)
         self.result.effective = {k: v for k, v in effective.values.items() if v is not None}
         self.result.effective_sources = dict(effective.sources)

@@ -7,7 +7,8 @@ usage: fake_vllm_process.py MODE PORT
   MODE: ok | crash | hang | stubborn | metrics500 | serve | serve-wrong
 
 ``serve`` also answers chat completions (a short SSE stream, each request logged with
-its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it;
+its wall-clock time), /metrics (with per-position acceptance counters for
+$FAKE_VLLM_SPEC_DEPTH positions) and /reset_prefix_cache, so whole sweeps can run on it;
 non-streamed requests get "Paris" (``serve-wrong``: "Lyon"). Its worker logs a heartbeat
 (``ALIVE <wall time>``) every 20 ms, which stops while the server is frozen.
 """
@@ -52,7 +53,11 @@ class Health(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
             return
         if mode.startswith("serve") and self.path == "/metrics":
-            body = b"# no spec decode counters\n"
+            depth = int(os.environ.get("FAKE_VLLM_SPEC_DEPTH") or 0)  # speculation's per-position counters
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            lines = [f"# TYPE {name} counter"] if depth else ["# no spec decode counters"]
+            lines += [f'{name}{{engine="0",position="{i}"}} 0.0' for i in range(depth)]
+            body = ("\n".join(lines) + "\n").encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
