@@ -235,7 +235,7 @@ def run_sweep(
         for kind in sorted({p.kind for p in plans}):
             scope = getattr(launcher_class(kind), "sweep_scope", None)
             if scope is not None:
-                scopes.enter_context(scope(functools.partial(_warn, console)))
+                scopes.enter_context(scope(functools.partial(_say, console)))
         for i in todo[: len(todo) if together else 1]:
             e = _start_early(variants[i], plans[i])
             if e is not None:
@@ -351,6 +351,10 @@ def _run_validated(
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {folder}", highlight=False)
     uri = sweep.tracking.uri if recorder.sinks else None
     return SweepOutcome(sweep, folder, uri)
+
+
+def _say(console: Console, message: str) -> None:
+    console.print(message, highlight=False, soft_wrap=True, markup=False)
 
 
 def _warn(console: Console, message: str) -> None:

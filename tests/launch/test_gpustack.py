@@ -332,3 +332,70 @@ def test_the_seed_presets_gpustack_dry_run_prints_the_body_with_secrets_masked(
     assert "hf_s3cret" not in out
     for flag in ("--host", "--port", "--nnodes", "--node-rank", "--headless", "VLLM_HOST_IP="):
         assert flag not in body.split("API key from")[0]
+
+
+# -- a whole sweep through GPUStack (replay) --------------------------------------------------------
+def _sweep_through(fake: FakeGpustack, workdir: Path, *extra: str) -> int:
+    """A sweep on the model ``smol``; vLLM's validation is skipped (remote plans only warn,
+    and importing vLLM costs half a minute here)."""
+    from specexp.cli import main
+
+    return main(
+        [
+            "sweep",
+            "launcher=gpustack",
+            f"launcher.gpustack.url={fake.url}",
+            "launcher.gpustack.model_name=smol",
+            f"launcher.api_key_env={KEY_ENV}",
+            "launcher.gpustack.poll_interval_s=0.1",
+            "spec=ngram",
+            "spec.depth=3",
+            "suite=none",
+            "bench.trials=1",
+            "bench.warmup_requests=0",
+            "bench.cases.single.num_prompts=1",
+            "bench.cases.concurrent4.num_prompts=4",
+            "--name",
+            "gs",
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture
+def no_local_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECEXP_VLLM_VENV", str(tmp_path / "no-vllm"))
+
+
+def test_a_sweep_through_gpustack_records_no_key_anywhere_and_puts_the_model_back(
+    tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two variants (baseline, ngram-k3) on one existing model, MLflow on: the key is in no
+    file, log, artifact or MLflow param (the store is a file: it is searched too)."""
+    with replay(tmp_path, depth=3) as setup:
+        before = existing(setup.fake, backend_parameters=["--prod"], env={"PROD": "1"})
+        _sweep_through(setup.fake, workdir)
+        out = capsys.readouterr()
+        model = setup.fake.models[int(str(before["id"]))]
+        assert model["backend_parameters"] == ["--prod"] and model["env"] == {"PROD": "1"}
+        assert "gpustack: model smol restored to its previous spec" in out.out
+    folder = workdir / "results" / "gs"
+    logs = sorted(p.name for p in folder.rglob("gpustack*"))
+    assert logs.count("gpustack.log") == 2 and "gpustack-api.json" in logs and "gpustack-before.json" in logs
+    searched = [p for p in workdir.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in searched)
+    for path in searched:
+        assert KEY.encode() not in path.read_bytes(), path
+    assert KEY not in out.out + out.err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the measuring clients do not send Endpoint.headers() yet (wired by the lead into every client path)",
+)
+def test_a_sweep_through_gpustack_measures_every_variant(
+    tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None
+) -> None:
+    with replay(tmp_path, depth=3) as setup:
+        existing(setup.fake, backend_parameters=["--prod"])
+        assert _sweep_through(setup.fake, workdir, "tracking=none") == 0
