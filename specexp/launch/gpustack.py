@@ -230,6 +230,7 @@ class _Touched:
     sent_keys: set[str] = field(default_factory=set)
     recreated: bool = False  # instances were deleted (they run a sweep's spec now)
     holder: object | None = None  # the launcher using it right now
+    last_variant: str | None = None  # the variant whose launch set it up last
 
 
 class _Ledger:
@@ -350,6 +351,7 @@ class GpustackLauncher(StartStopContext):
         self._old_instances: set[int] = set()
         self._ready: list[dict[str, Any]] = []
         self._entry: _Touched | None = None
+        self._relaunch = False
         self._ledger: _Ledger | None = None
         self._stopped = False
         self._started = False
@@ -511,7 +513,8 @@ class GpustackLauncher(StartStopContext):
                 )
                 if self.cfg.restore == "previous":
                     ledger.models[key] = entry
-            entry.holder = self
+            self._relaunch = entry.last_variant == self.plan.variant_hash
+            entry.holder, entry.last_variant = self, self.plan.variant_hash
             entry.sent_keys |= set(self.sent)
             self._entry = entry
 
@@ -554,6 +557,8 @@ class GpustackLauncher(StartStopContext):
         reason = None
         if changed:
             reason = "the spec changed"
+        elif self._relaunch:
+            reason = "a new launch of the same variant (bench.launches) gets fresh instances"
         elif before.get("stale"):
             reason = "GPUStack marks the model stale (its instances predate its spec)"
         else:

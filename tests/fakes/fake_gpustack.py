@@ -58,6 +58,7 @@ class Scenario:
     drop_always: bool = False
     # "METHOD /path-prefix" -> (status, message): answered instead of doing the call
     fail: dict[str, tuple[int, str]] = field(default_factory=dict)
+    fail_times: int | None = None  # how many calls fail that way (None: every one)
 
 
 def _now() -> str:
@@ -178,7 +179,10 @@ class FakeGpustack:
             return web.json_response(recorded["body"], status=recorded["status"])
         for prefix, (status, message) in self.scenario.fail.items():
             method, _, path = prefix.partition(" ")
-            if request.method == method and request.path.startswith(path):
+            times = self.scenario.fail_times
+            if request.method == method and request.path.startswith(path) and (times is None or times > 0):
+                if times is not None:
+                    self.scenario.fail_times = times - 1
                 return self._error(status, message)
         return await handler(request)
 

@@ -391,7 +391,7 @@ def test_a_sweep_through_gpustack_records_no_key_anywhere_and_puts_the_model_bac
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the measuring clients do not send Endpoint.headers() yet (wired by the lead into every client path)",
+    reason="the measuring clients do not send Endpoint.headers() yet (the lead wires it into every client)",
 )
 def test_a_sweep_through_gpustack_measures_every_variant(
     tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None
@@ -399,3 +399,43 @@ def test_a_sweep_through_gpustack_measures_every_variant(
     with replay(tmp_path, depth=3) as setup:
         existing(setup.fake, backend_parameters=["--prod"])
         assert _sweep_through(setup.fake, workdir, "tracking=none") == 0
+
+
+def test_a_gpustack_error_fails_one_variant_and_the_sweep_goes_on(
+    tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with replay(tmp_path, depth=3) as setup:
+        before = existing(setup.fake, backend_parameters=["--prod"])
+        setup.fake.scenario.fail, setup.fake.scenario.fail_times = (
+            {"PUT /v2/models": (500, "database busy")},
+            1,
+        )
+        _sweep_through(setup.fake, workdir, "tracking=none")
+        out = capsys.readouterr().out
+        assert setup.fake.models[int(str(before["id"]))]["backend_parameters"] == ["--prod"]
+    assert "✗ baseline: failed: GPUStack PUT /v2/models/1 answered 500: database busy" in out
+    second = next(p for p in (workdir / "results" / "gs").rglob("gpustack.log") if "ngram" in str(p))
+    assert "ready after" in second.read_text()  # the next variant ran
+
+
+def test_a_restore_gpustack_refuses_says_what_it_left(setup: Setup) -> None:
+    existing(setup.fake, backend_parameters=["--prod"])
+    said: list[str] = []
+    with sweep_scope(said.append):
+        with setup.launcher() as launcher:
+            launcher.wait_ready()
+        setup.fake.scenario.fail = {"PUT /v2/models": (503, "maintenance")}
+    (line,) = said
+    assert line.startswith("gpustack: could not restore model smol: GPUStack PUT /v2/models/1 answered 503")
+    assert "it keeps the last variant's spec" in line
+    assert next(iter(setup.fake.models.values()))["backend_parameters"] == ["--max-num-seqs=4"]
+
+
+def test_a_second_launch_of_the_same_variant_gets_fresh_instances(setup: Setup) -> None:
+    with sweep_scope(lambda _m: None):
+        with setup.launcher() as first:
+            first.wait_ready()
+        ids = set(setup.fake.instances)
+        with setup.launcher() as again:
+            again.wait_ready()
+            assert ids.isdisjoint(setup.fake.instances)
