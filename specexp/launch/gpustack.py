@@ -669,17 +669,31 @@ class GpustackLauncher(StartStopContext):
         self._write_calls()
         return Endpoint(
             base_url=self.cfg.url.rstrip("/") if self.cfg.url else "",
-            model=self.name,
+            model=self._served_id(),
             tokenizer=self.plan.model_path if Path(self.plan.model_path).is_dir() else None,
             api_key=self.api_key,
             control_url=self._control_url(),
+        )
+
+    def _served_id(self) -> str:
+        """The name requests must use: GPUStack publishes a model of an organisation other
+        than its platform's as ``<org>/<name>`` on ``/v1/models``."""
+        assert self._client is not None
+        try:
+            cards = self._client.request("served-name", "GET", "/v1/models").json().get("data") or []
+        except (GpustackError, ValueError, AttributeError):
+            return self.name
+        ids = [str(c.get("id")) for c in cards if isinstance(c, dict)]
+        return next(
+            (i for i in ids if i == self.name),
+            next((i for i in ids if i.endswith(f"/{self.name}")), self.name),
         )
 
     def _api_phases(self) -> dict[str, float]:
         """Seconds spent in each API step so far (summed over its calls)."""
         out: dict[str, float] = {}
         for call in self.calls:
-            if call.step in ("instances", "workers", "ready"):
+            if call.step in ("instances", "workers", "ready", "served-name"):
                 continue  # polling, part of the wait
             key = f"api_{call.step.replace('-', '_')}_s"
             out[key] = round(out.get(key, 0.0) + call.seconds, 3)
