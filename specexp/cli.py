@@ -96,6 +96,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def _deploy(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from specexp.run.deploy import default_log_dir, deploy, deploy_variant
@@ -112,17 +113,17 @@ def _deploy(args: argparse.Namespace, console: Console) -> int:
         validate=not args.no_validate,
     )
     for note in result.notes:
-        console.print(f"[yellow]note[/yellow] {note}", highlight=False)
+        console.print(f"[yellow]note[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
     if result.checks:
         table = Table(title=f"deploy {variant.label}: what runs vs the experiment file", title_justify="left")
         for col in ("key", "wanted", "running", "source", ""):
             table.add_column(col)
         for c in result.checks:
             mark = "[green]✓[/green]" if c.ok else "[red]✗ drift[/red]"
-            table.add_row(c.key, str(c.wanted), str(c.running), c.source, mark)
+            table.add_row(c.key, escape(str(c.wanted)), escape(str(c.running)), escape(c.source), mark)
         console.print(table)
     if result.error is not None:
-        console.print(f"[red]deploy failed: {result.error}[/red]", highlight=False)
+        console.print(f"[red]deploy failed: {escape(result.error)}[/red]", highlight=False, soft_wrap=True)
         return 1
     if result.drift:
         keys = ", ".join(c.key for c in result.drift)

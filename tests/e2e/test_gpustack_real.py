@@ -73,17 +73,15 @@ def instance_ids(real: RealGpustack, model_id: int) -> set[int]:
 def test_read_back_table_and_the_guard_on_the_dropped_image(
     real: RealGpustack, key: str, tmp_path: Path
 ) -> None:
+    plain = production(real, "plain", image_name=IMAGE, backend_parameters=["--max-num-seqs=64"])
     before = production(real, "guard", image_name=IMAGE, backend_parameters=["--max-num-seqs=64"])
     launcher = launcher_for(real, tmp_path, "guard", "--max-num-batched-tokens=8192", image_name=IMAGE)
     body = model_body(gs_plan(args=("--max-num-batched-tokens=8192",)), launcher.cfg, real.cluster_id)
-    # what GPUStack keeps of one plain PUT (no guard), field by field
+    body["name"] = "plain"
+    # what GPUStack keeps of one plain PUT (no guard), field by field, on a model of its own
     with api(real) as c:
-        c.put(f"/v2/models/{before['id']}", json=body).raise_for_status()
-        got = c.get(f"/v2/models/{before['id']}").json()
-        c.put(
-            f"/v2/models/{before['id']}", json={**body, "image_name": IMAGE}
-        ).raise_for_status()  # as before
-        c.put(f"/v2/models/{before['id']}", json={**body, "backend_parameters": ["--max-num-seqs=64"]})
+        c.put(f"/v2/models/{plain['id']}", json=body).raise_for_status()
+        got = c.get(f"/v2/models/{plain['id']}").json()
     print(f"\nGPUStack {real.version}: field read-back after one PUT")
     dropped = differences(body, got)
     for field in body:
