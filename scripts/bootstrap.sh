@@ -72,17 +72,34 @@ setup_vllm() {
   echo "$want" > "$VLLM_VENV/.specexp-stamp"
 }
 
-setup_postgres() {  # GPUStack v2 needs PostgreSQL (or MySQL); the tests start their own cluster
-  if [[ -x /usr/lib/postgresql/15/bin/postgres ]]; then
+# System tools the tests use, as command:package: sshd inside network namespaces (multi-node
+# nodes), iproute2 for the namespaces and veth pairs, ss and ps for the doctor, a browser for
+# the MLflow UI test, PostgreSQL 15 for the GPUStack servers (GPUStack v2 has no SQLite; the tests
+# start their own cluster). Installed only when missing; no service is started (policy-rc.d
+# refuses it for the time of the install).
+SYSTEM_TOOLS=(
+  sshd:openssh-server ssh:openssh-client ip:iproute2 ss:iproute2 unshare:util-linux setsid:util-linux
+  ps:procps getent:libc-bin chromium:chromium
+  /usr/lib/postgresql/15/bin/postgres:postgresql-15
+)
+setup_system() {
+  local missing=() item
+  for item in "${SYSTEM_TOOLS[@]}"; do
+    command -v "${item%%:*}" >/dev/null 2>&1 || [[ -x "/usr/sbin/${item%%:*}" ]] || missing+=("${item#*:}")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return
+  if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "missing system packages (the tests that need them skip): ${missing[*]}"
     return
   fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    log "no apt-get: install PostgreSQL 15 yourself for the GPUStack tests (they skip without it)"
-    return
-  fi
-  log "PostgreSQL 15 (Debian package)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15 >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15 >/dev/null; }
+  log "system packages: ${missing[*]}"
+  local policy=/usr/sbin/policy-rc.d
+  local had_policy=0; [[ -e $policy ]] && had_policy=1
+  [[ $had_policy == 1 ]] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+           --no-install-recommends "${missing[@]}" >/dev/null; }
+  [[ $had_policy == 1 ]] || rm -f "$policy"
 }
 
 setup_gpustack() {
@@ -114,10 +131,10 @@ setup_model() {
 
 setup() {
   check_python
+  setup_system
   setup_orchestrator
   setup_vllm
   setup_model
-  setup_postgres
   setup_gpustack
   log "ready: source $VENV/bin/activate"
 }

@@ -156,15 +156,62 @@ class GpustackConfig:
 
 
 @dataclass
+class SshConfig:
+    """How to reach the nodes; a node's own ``user``/``key``/``port`` win over these."""
+
+    user: str | None = None  # null = the local user name
+    key: str | None = None  # private key file; null = the default keys and the agent
+    port: int = 22
+    # known_hosts file for the nodes' host keys; null = ~/.ssh/known_hosts. Host keys are
+    # always checked: an unknown node is an error naming the file to add it to.
+    known_hosts: str | None = None
+    connect_timeout_s: float = 15.0
+    keepalive_s: float = 5.0  # a dropped connection is noticed after ~3 of these
+
+
+@dataclass
+class NodeConfig:
+    """One machine of a multi-node launch (head first)."""
+
+    host: str  # where SSH connects, and the node's address for vLLM unless ``address`` is set
+    address: str | None = None  # the node's address on the cluster network (VLLM_HOST_IP, master)
+    user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    name: str | None = None  # label in logs and messages (default node<rank>)
+    # Per-node environment: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, NCCL_IB_HCA, VLLM_HOST_IP, ...
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class LauncherConfig:
     kind: str = "local"  # a registered launcher (specexp.launch.base)
-    device: str = "auto"  # auto: cuda when nvidia-smi answers, else the CPU build
+    device: str = "auto"  # auto: cuda when nvidia-smi answers (on the node that serves), else the CPU build
     vllm_command: list[str] = field(default_factory=list)  # empty = find it (see launch.plan)
+    # Multi-node: the nodes, head first. ``hosts`` is the short form (addresses only) and
+    # ``nnodes`` follows the list; with neither, one node on this machine.
+    nodes: list[NodeConfig] = field(default_factory=list)
     nnodes: int = 1
-    hosts: list[str] = field(default_factory=list)  # node addresses, head first (multi-node)
-    master_port: int = 29501
+    hosts: list[str] = field(default_factory=list)
+    master_port: int = 29501  # 0 = a free port found on the head node
+    ssh: SshConfig = field(default_factory=SshConfig)
+    distributed_executor_backend: str = "mp"  # mp (vLLM's own multi-node mode) | ray
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 15.0
+    # Host-memory gate: before each launch and every memory_check_s while it runs, every
+    # node must have at least this much available memory, or the variant is stopped.
+    min_available_gib: float = 3.0
+    memory_check_s: float = 5.0
+    # Startup-hang doctor: no new log line on any node for this long during startup ->
+    # py-spy stacks, listening addresses, hostname resolution, Gloo interface (0 = off).
+    stall_s: float = 120.0
+    doctor_timeout_s: float = 60.0
+    py_spy: list[str] = field(default_factory=lambda: ["py-spy"])  # on the nodes (e.g. [sudo, -n, py-spy])
+    # NCCL bandwidth preflight (all_reduce_perf from nccl-tests, when the nodes have it).
+    nccl_preflight: bool = False
+    nccl_test_command: list[str] = field(
+        default_factory=lambda: ["all_reduce_perf", "-b", "256M", "-e", "256M", "-g", "1"]
+    )
     cpu_kv_cache_gib: float = 1.0
     cpu_omp_threads_bind: str = "nobind"
     intel_openmp: str = "auto"  # auto/on/off: LD_PRELOAD libiomp5 for the CPU build
@@ -182,12 +229,38 @@ class LauncherConfig:
             raise ValueError(f"launcher.device: {self.device!r} is not one of {sorted(DEVICES)}")
         if self.intel_openmp not in ("auto", "on", "off"):
             raise ValueError(f"launcher.intel_openmp: {self.intel_openmp!r} is not auto/on/off")
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            raise ValueError(
+                f"launcher.distributed_executor_backend: {self.distributed_executor_backend!r} "
+                "is not mp or ray"
+            )
+        if self.nodes and self.hosts:
+            raise ValueError("launcher.nodes and launcher.hosts both list the nodes: keep one")
+        if self.hosts and not self.nodes:
+            self.nodes = [NodeConfig(host=h) for h in self.hosts]
+        if self.nodes and self.nnodes not in (1, len(self.nodes)):
+            raise ValueError(
+                f"launcher.nodes lists {len(self.nodes)} nodes for launcher.nnodes={self.nnodes}"
+            )
+        if self.nodes:
+            self.nnodes = len(self.nodes)
         if self.nnodes < 1:
             raise ValueError("launcher.nnodes must be >= 1")
-        if self.hosts and len(self.hosts) != self.nnodes:
-            raise ValueError(
-                f"launcher.hosts lists {len(self.hosts)} hosts for launcher.nnodes={self.nnodes}"
-            )
+        if self.nnodes > 1 and not self.nodes:
+            raise ValueError(f"launcher.nnodes={self.nnodes} needs launcher.nodes (or launcher.hosts)")
+        if not 0 <= self.master_port < 65536:
+            raise ValueError(f"launcher.master_port={self.master_port} is not a port")
+        if self.min_available_gib < 0 or self.memory_check_s <= 0:
+            raise ValueError("launcher.min_available_gib must be >= 0 and launcher.memory_check_s > 0")
+        if self.stall_s < 0:
+            raise ValueError("launcher.stall_s must be >= 0 (0 = no stall detection)")
+        names = [n.name for n in self.nodes if n.name]
+        if len(names) != len(set(names)):
+            raise ValueError(f"launcher.nodes: node names repeat ({', '.join(names)})")
+
+    def node_name(self, rank: int) -> str:
+        name = self.nodes[rank].name if rank < len(self.nodes) else None
+        return name or f"node{rank}"
 
 
 @dataclass
@@ -292,6 +365,9 @@ class SweepConfig:
     # Measure each baseline twice, the copy as a variant against the original: an A/A check
     # (a verdict between identical configurations is a false winner).
     aa: bool = False
+    # Check every launch plan with the installed vLLM's own parser before anything starts
+    # (off: when this machine's vLLM is not the one that serves, and its verdict misleads).
+    validate: bool = True
 
 
 @dataclass

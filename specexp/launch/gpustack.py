@@ -395,7 +395,7 @@ class GpustackLauncher(StartStopContext):
 
     sweep_scope = staticmethod(sweep_scope)
 
-    def set_progress(self, say: Say) -> None:
+    def on_progress(self, say: Say) -> None:
         self._say = say
 
     # -- logging -------------------------------------------------------------------------------

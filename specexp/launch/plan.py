@@ -67,6 +67,13 @@ class LaunchPlan:
             api_port=port,
         )
 
+    def with_master_port(self, port: int) -> LaunchPlan:
+        """The plan with the multi-node rendezvous port decided (``launcher.master_port=0``
+        leaves it to the launcher, which finds a free one on the head)."""
+        old, new = "--master-port=0", f"--master-port={port}"
+        nodes = tuple(replace(n, argv=tuple(new if a == old else a for a in n.argv)) for n in self.nodes)
+        return replace(self, nodes=nodes, serve_args=tuple(new if a == old else a for a in self.serve_args))
+
     @property
     def base_url(self) -> str:
         host = "127.0.0.1" if self.api_host in ("0.0.0.0", "") else self.api_host
@@ -270,27 +277,31 @@ def build_plan(
     env.update({k: str(v) for k, v in config.server.env.items()})
 
     nodes: list[NodePlan] = []
-    nnodes = config.launcher.nnodes
-    hosts = list(config.launcher.hosts) or [config.server.host]
-    if nnodes == 1:
-        nodes.append(NodePlan(0, hosts[0], (*vllm_cmd, "serve", *head_args), env))
+    configured = config.launcher.nodes
+    addresses = [n.address or n.host for n in configured] or [config.server.host]
+    if len(addresses) == 1:
+        node_env = {**env, **(configured[0].env if configured else {})}
+        host = configured[0].host if configured else config.server.host
+        nodes.append(NodePlan(0, host, (*vllm_cmd, "serve", *head_args), node_env))
     else:
-        master = hosts[0]
         multi = [
-            f"--nnodes={nnodes}",
-            f"--master-addr={master}",
+            f"--nnodes={len(addresses)}",
+            f"--master-addr={addresses[0]}",
             f"--master-port={config.launcher.master_port}",
         ]
-        for rank in range(nnodes):
-            node_env = dict(env)
-            node_env.setdefault("VLLM_HOST_IP", hosts[rank])
+        for rank, node in enumerate(configured):
+            node_env = {**env, **node.env}
+            node_env.setdefault("VLLM_HOST_IP", addresses[rank])
             if rank == 0:
                 argv = (*vllm_cmd, "serve", *head_args, *multi, "--node-rank=0")
             else:
                 follower = [a for a in head_args if not a.startswith(("--host=", "--port="))]
                 argv = (*vllm_cmd, "serve", *follower, *multi, f"--node-rank={rank}", "--headless")
-            nodes.append(NodePlan(rank, hosts[rank], argv, node_env))
-    api_host = config.server.host if nnodes == 1 else hosts[0]
+            nodes.append(NodePlan(rank, node.host, argv, node_env))
+    # Requests go to the head: to its cluster address when the API listens on every interface.
+    api_host = config.server.host
+    if configured and api_host in ("0.0.0.0", "", "::"):
+        api_host = addresses[0]
     return LaunchPlan(
         label=variant.label,
         variant_hash=variant.hash,
@@ -302,8 +313,27 @@ def build_plan(
         api_host=api_host,
         api_port=port,
         served_model=config.model.served_name or model_path,
-        notes=variant.notes,
+        notes=(*variant.notes, *device_notes(config, device)),
     )
+
+
+# What vLLM's CPU platform runs whatever backend is asked for (vllm/platforms/cpu.py): any
+# other name is replaced silently, so two such variants would run the same thing.
+CPU_ATTENTION = frozenset({"AUTO", "CPU_ATTN", "CPU_MLA", "AMX_MLA"})
+
+
+def device_notes(config: Config, device: str) -> tuple[str, ...]:
+    """Requests the device cannot honour, said before launch rather than found after."""
+    if device != "cpu":
+        return ()
+    notes = []
+    asked = [("attention.backend", config.attention.backend)]
+    if config.spec.method != "none" and config.spec.attention_backend:
+        asked.append(("spec.attention_backend", config.spec.attention_backend))
+    for key, backend in asked:
+        if backend.upper() not in CPU_ATTENTION:
+            notes.append(f"{key}: {backend.lower()} is not available on cpu; vLLM will use CPU_ATTN")
+    return tuple(notes)
 
 
 def launch_env(plan_env: dict[str, str]) -> dict[str, str]:

@@ -25,8 +25,8 @@ from omegaconf import OmegaConf
 from specexp.config.schema import Config
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError
-from specexp.launch.base import EffectiveConfig, Launcher, Reporting, create_launcher, launcher_class
-from specexp.launch.plan import LaunchPlan, build_plan
+from specexp.launch.base import EffectiveConfig, Launcher, ReportsProgress, create_launcher, launcher_class
+from specexp.launch.plan import LaunchPlan
 
 Say = Callable[[str], None]
 
@@ -180,8 +180,8 @@ def _until_interrupted(launcher: Launcher, say: Say) -> str | None:
 @contextlib.contextmanager
 def _launched(plan: LaunchPlan, variant: Variant, log_dir: Path, say: Say) -> Iterator[Launcher]:
     launcher = create_launcher(plan, variant.config.launcher, log_dir)
-    if isinstance(launcher, Reporting):
-        launcher.set_progress(say)
+    if isinstance(launcher, ReportsProgress):
+        launcher.on_progress(say)
     with launcher:
         yield launcher
 
@@ -195,12 +195,13 @@ def deploy(
     server lives with this process (local, multi-node) keeps serving until interrupted
     when ``stay``, and is stopped at once when what runs is not what was asked.
     """
+    from specexp.run.sweep import check_or_raise, launch_plans
+
     cls = launcher_class(variant.config.launcher.kind)
-    plan = build_plan(variant)
+    (plan,) = launch_plans([variant])  # for the device of the node that serves
     result = DeployResult(label=variant.label)
     if validate:
         from specexp.launch.validate import validate_plans
-        from specexp.run.sweep import check_or_raise
 
         check_or_raise(validate_plans([plan]))
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,16 @@ from pathlib import Path
 
 from specexp.config.variant import Variant
 from specexp.errors import LaunchError, SuiteFailed
-from specexp.launch.base import EffectiveConfig, Endpoint, Launcher, Reporting, create_launcher
+from specexp.launch.base import (
+    EffectiveConfig,
+    Endpoint,
+    Guarded,
+    HostMemoryLow,
+    Launcher,
+    ReportsProgress,
+    create_launcher,
+    launcher_class,
+)
 from specexp.launch.plan import LaunchPlan
 from specexp.launch.preflight import check_checkpoint
 from specexp.measure.long_prompt import load_tokenizer
@@ -92,13 +101,21 @@ class VariantSession:
             )
         else:
             launcher = create_launcher(self.plan, self.variant.config.launcher, log_dir)
-            if isinstance(launcher, Reporting):
-                launcher.set_progress(self.say)
-            self.launcher = stack.enter_context(launcher)
+            if isinstance(launcher, ReportsProgress):
+                launcher.on_progress(self.say)
+            self.launcher = launcher
+            stack.enter_context(launcher)
+        self.result.launch = self.launcher.plan.redacted()
+        self.recorder.launched(self.variant, self.result, self.folder)
         self.say("starting vllm serve" if launch == 0 else f"starting vllm serve (launch {launch + 1})")
 
     def _preflight(self) -> None:
-        pre = check_checkpoint(self.variant, self.plan.model_path)
+        # a launcher whose nodes are other machines checks the checkpoint on each of them
+        on_nodes = getattr(launcher_class(self.plan.kind), "preflight", None)
+        if on_nodes is not None:
+            pre = on_nodes(self.variant, self.plan)
+        else:
+            pre = check_checkpoint(self.variant, self.plan.model_path)
         if not pre.ran:
             return
         self.result.notes.append(pre.message)
@@ -115,6 +132,9 @@ class VariantSession:
         if self.result.ready_s is None:
             self.result.ready_s = timing.ready_s
             self.result.startup_phases = dict(timing.phases)
+            if len(timing.nodes) > 1:  # every node's phases too, as <node>.<phase>
+                for node, phases in timing.nodes.items():
+                    self.result.startup_phases.update({f"{node}.{k}": v for k, v in phases.items()})
             self._read_back(endpoint)
         self.endpoint = endpoint
         return endpoint
@@ -208,7 +228,13 @@ class VariantSession:
             return
         self.result.status = "failed"
         reason = self.launcher.failure() if self.launcher is not None else None
-        if reason is not None:
+        guard = self.launcher.tripped() if isinstance(self.launcher, Guarded) else None
+        if guard is None and isinstance(exc, HostMemoryLow):
+            guard = exc
+        if guard is not None:  # the memory gate stopped it: said in the run, node and figure
+            self.recorder.tag(self.variant, "specexp.memory_gate", guard.figure)
+            self.result.error = str(guard)
+        elif reason is not None:
             self.result.error = reason
         elif isinstance(exc, LaunchError | SuiteFailed):
             self.result.error = str(exc)

@@ -111,7 +111,7 @@ def test_pending_without_a_worker_is_said_with_gpustacks_state(
 ) -> None:
     launcher = launcher_for(real, tmp_path, "pending", no_worker_timeout_s=3.0)
     seen: list[str] = []
-    launcher.set_progress(seen.append)
+    launcher.on_progress(seen.append)
     with launcher, pytest.raises(LaunchError) as err:
         launcher.wait_ready()
     assert "pending with no worker in cluster default" in str(err.value)

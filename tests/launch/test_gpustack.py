@@ -19,7 +19,7 @@ import pytest
 
 from specexp.config.schema import GpustackConfig, LauncherConfig
 from specexp.errors import LaunchError
-from specexp.launch.base import Reporting, create_launcher
+from specexp.launch.base import ReportsProgress, create_launcher
 from specexp.launch.gpustack import (
     GpustackLauncher,
     backend_parameters,
@@ -144,8 +144,8 @@ def test_differences_name_each_dropped_field() -> None:
 def test_a_new_model_is_created_read_back_served_and_deleted_on_stop(setup: Setup) -> None:
     launcher = setup.launcher()
     seen: list[str] = []
-    assert isinstance(launcher, Reporting)
-    launcher.set_progress(seen.append)
+    assert isinstance(launcher, ReportsProgress)
+    launcher.on_progress(seen.append)
     with launcher:
         ep = launcher.wait_ready()
         assert ep.base_url == setup.fake.url and ep.model == "smol" and ep.api_key == KEY
@@ -250,7 +250,7 @@ def test_pending_with_no_worker_is_said_plainly_before_the_deadline(tmp_path: Pa
     with replay(tmp_path, Scenario(steps=list(PENDING))) as s:
         launcher = s.launcher(no_worker_timeout_s=0.5)
         seen: list[str] = []
-        launcher.set_progress(seen.append)
+        launcher.on_progress(seen.append)
         with launcher, pytest.raises(LaunchError, match=r"pending with no worker in cluster default"):
             launcher.wait_ready()
         assert any("pending (no worker in cluster default): No available workers" in line for line in seen)
@@ -346,6 +346,7 @@ def _sweep_through(fake: FakeGpustack, workdir: Path, *extra: str) -> int:
             "launcher=gpustack",
             f"launcher.gpustack.url={fake.url}",
             "launcher.gpustack.model_name=smol",
+            "sweep.validate=false",
             f"launcher.api_key_env={KEY_ENV}",
             "launcher.gpustack.poll_interval_s=0.1",
             "spec=ngram",
@@ -362,13 +363,8 @@ def _sweep_through(fake: FakeGpustack, workdir: Path, *extra: str) -> int:
     )
 
 
-@pytest.fixture
-def no_local_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SPECEXP_VLLM_VENV", str(tmp_path / "no-vllm"))
-
-
 def test_a_sweep_through_gpustack_records_no_key_anywhere_and_puts_the_model_back(
-    tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, workdir: Path, key_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two variants (baseline, ngram-k3) on one existing model, MLflow on: the key is in no
     file, log, artifact or MLflow param (the store is a file: it is searched too)."""
@@ -394,7 +390,7 @@ def test_a_sweep_through_gpustack_records_no_key_anywhere_and_puts_the_model_bac
     reason="the measuring clients do not send Endpoint.headers() yet (the lead wires it into every client)",
 )
 def test_a_sweep_through_gpustack_measures_every_variant(
-    tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None
+    tmp_path: Path, workdir: Path, key_env: None
 ) -> None:
     with replay(tmp_path, depth=3) as setup:
         existing(setup.fake, backend_parameters=["--prod"])
@@ -402,7 +398,7 @@ def test_a_sweep_through_gpustack_measures_every_variant(
 
 
 def test_a_gpustack_error_fails_one_variant_and_the_sweep_goes_on(
-    tmp_path: Path, workdir: Path, key_env: None, no_local_vllm: None, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, workdir: Path, key_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with replay(tmp_path, depth=3) as setup:
         before = existing(setup.fake, backend_parameters=["--prod"])
