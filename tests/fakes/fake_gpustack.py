@@ -239,7 +239,8 @@ class FakeGpustack:
             return self._error(404, "Model not found")
         for iid in [i for i, inst in self.instances.items() if inst["model_id"] == model["id"]]:
             del self.instances[iid]
-        return web.json_response(self._answer("delete_model")["body"] if False else None)
+        recorded = self.recorded["answers"]["delete_model"]
+        return web.json_response(recorded["body"], status=recorded["status"])
 
     async def model_instances(self, request: web.Request) -> web.Response:
         model = self._model(request)
@@ -255,12 +256,16 @@ class FakeGpustack:
         if inst is None:
             return self._error(404, "Model instance not found")
         self._sync_replicas(self.models[inst["model_id"]])
-        return web.json_response(None)
+        recorded = self.recorded["answers"]["delete_instance"]
+        return web.json_response(recorded["body"], status=recorded["status"])
 
     async def instance_logs(self, request: web.Request) -> web.Response:
         inst = self.instances.get(int(request.match_info["id"]))
         if inst is None:
             return self._error(404, "Model instance not found")
+        if self._instance_state(inst["id"]).get("worker_id") is None:
+            recorded = self.recorded["answers"]["logs"]  # a pending instance has no log yet
+            return web.json_response(recorded["body"], status=recorded["status"])
         return web.Response(text=f"(replayed) log of {inst['name']}: {inst.get('state_message') or ''}\n")
 
     async def v1_models(self, request: web.Request) -> web.Response:
