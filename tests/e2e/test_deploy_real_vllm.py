@@ -11,7 +11,10 @@ import pytest
 from tests.helpers import processes_matching, require_vllm, run_cli
 
 pytestmark = pytest.mark.e2e
-DEPTH_2 = '--speculative-config={"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+DEPTH_2 = (
+    '--speculative-config={"method":"ngram","num_speculative_tokens":2,'
+    '"prompt_lookup_max":4,"prompt_lookup_min":2}'
+)
 
 
 def test_a_real_server_is_deployed_verified_and_a_wrong_depth_is_drift(workdir: Path) -> None:
