@@ -9,7 +9,8 @@ launcher declares by implementing ``Pausable``; a launcher whose progress has st
 worth showing implements ``ReportsProgress``. A launcher class may also offer
 ``sweep_scope(report)``, a context manager the sweep holds around all its variants
 (GPUStack: the model is put back as it was once, after the last variant), and
-``describe(plan, config)``, extra lines for ``--dry-run`` (GPUStack: the request body).
+``describe(plan, config)``, extra lines for ``--dry-run`` (GPUStack: the request body),
+and ``check_config(config)``, what a launch needs, checked before anything starts.
 
 Launchers are found by ``launcher.kind`` in a registry of import paths, so adding
 one is a new module plus one line, and the contract tests

@@ -368,6 +368,17 @@ class GpustackLauncher(StartStopContext):
         )
 
     @classmethod
+    def check_config(cls, config: LauncherConfig) -> None:
+        """What a launch needs before anything starts (one line, exit 2 when missing)."""
+        if not config.gpustack.url:
+            raise ConfigError("launcher=gpustack needs launcher.gpustack.url (the GPUStack server)")
+        if not config.api_key_env:
+            raise ConfigError(
+                "launcher=gpustack needs launcher.api_key_env (the variable holding the API key)"
+            )
+        api_key_from_env(config.api_key_env)
+
+    @classmethod
     def describe(cls, plan: LaunchPlan, config: LauncherConfig) -> list[str]:
         """What a launch would send, secrets masked (``--dry-run``); nothing is contacted."""
         cfg = config.gpustack

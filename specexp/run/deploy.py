@@ -198,6 +198,9 @@ def deploy(
     from specexp.run.sweep import check_or_raise, launch_plans
 
     cls = launcher_class(variant.config.launcher.kind)
+    check = getattr(cls, "check_config", None)
+    if check is not None:  # a missing URL or key is bad input, before anything starts
+        check(variant.config.launcher)
     (plan,) = launch_plans([variant])  # for the device of the node that serves
     result = DeployResult(label=variant.label)
     if validate:

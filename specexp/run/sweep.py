@@ -256,6 +256,10 @@ def run_sweep(
     check_inputs(variants)
     for kind in sorted({v.config.launcher.kind for v in variants}):
         launcher_class(kind)  # a kind this build cannot run is one line, before anything starts
+    for v in variants:  # so is a launcher setting it cannot run with (a missing URL or key)
+        check = getattr(launcher_class(v.config.launcher.kind), "check_config", None)
+        if check is not None:
+            check(v.config.launcher)
     resumed = _find_resumable(plan, resume_name) if resume else None
     check_writable(resumed.folder if resumed else plan.results_dir)
     _build_models(variants, console)

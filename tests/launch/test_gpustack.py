@@ -435,3 +435,23 @@ def test_a_second_launch_of_the_same_variant_gets_fresh_instances(setup: Setup) 
         with setup.launcher() as again:
             again.wait_ready()
             assert ids.isdisjoint(setup.fake.instances)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "launcher=gpustack needs launcher.gpustack.url (the GPUStack server)"),
+        (
+            ["launcher.gpustack.url=http://127.0.0.1:9", "launcher.api_key_env=SPECEXP_NO_KEY"],
+            "launcher.api_key_env=SPECEXP_NO_KEY: the environment variable SPECEXP_NO_KEY is not set",
+        ),
+    ],
+)
+def test_a_missing_url_or_key_is_one_line_before_anything_starts(
+    workdir: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    from specexp.cli import main
+
+    assert main(["sweep", "launcher=gpustack", "spec=none", "suite=none", *extra]) == 2
+    assert capsys.readouterr().err.strip() == f"specexp: error: {message}"
+    assert not (workdir / "results").exists()
