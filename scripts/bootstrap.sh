@@ -74,12 +74,12 @@ setup_vllm() {
 
 # System tools the tests use, as command:package: sshd inside network namespaces (multi-node
 # nodes), iproute2 for the namespaces and veth pairs, ss and ps for the doctor, a browser for
-# the MLflow UI test, PostgreSQL 15 for the GPUStack servers (GPUStack v2 has no SQLite; the tests
-# start their own cluster). Installed only when missing; no service is started (policy-rc.d
-# refuses it for the time of the install).
+# the MLflow UI test, bubblewrap as the functional suite's code jail, PostgreSQL 15 for the
+# GPUStack servers (GPUStack v2 has no SQLite; the tests start their own cluster). Installed
+# only when missing; no service is started (policy-rc.d refuses it for the time of the install).
 SYSTEM_TOOLS=(
   sshd:openssh-server ssh:openssh-client ip:iproute2 ss:iproute2 unshare:util-linux setsid:util-linux
-  ps:procps getent:libc-bin chromium:chromium
+  ps:procps getent:libc-bin chromium:chromium bwrap:bubblewrap
   /usr/lib/postgresql/15/bin/postgres:postgresql-15
 )
 setup_system() {

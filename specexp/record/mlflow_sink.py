@@ -79,8 +79,17 @@ def variant_metrics(result: VariantResult) -> dict[str, float]:
         out["regression.failed"] = float(suite.failed)
         out["regression.not_run"] = float(suite.not_run)
         out["regression.regressions"] = float(len(suite.regressions))
+        out["regression.flaky"] = float(len(suite.flaky))
         if suite.equivalence_rate is not None:
             out["equivalence.rate"] = suite.equivalence_rate
+        if suite.self_equivalence_rate is not None:
+            out["equivalence.self_rate"] = suite.self_equivalence_rate
+        if suite.baseline_self_equivalence is not None:
+            out["equivalence.baseline_self_rate"] = suite.baseline_self_equivalence
+        if suite.divergence_p is not None:
+            out["equivalence.divergence_p"] = suite.divergence_p
+        if suite.diverges_beyond_noise is not None:
+            out["equivalence.beyond_noise"] = float(suite.diverges_beyond_noise)
     if isinstance(result.effective.get("nccl.busbw_gbs"), int | float):  # the NCCL preflight
         out["nccl.busbw_gbs"] = float(result.effective["nccl.busbw_gbs"])
     if result.ready_s is not None:
@@ -218,6 +227,8 @@ class MlflowRecorder:
                 tags["specexp.error"] = result.error[:5000]
             if result.suite is not None and result.suite.regressions:
                 tags["specexp.regressions"] = ", ".join(result.suite.regressions)
+            if result.suite is not None and result.suite.flaky:
+                tags["specexp.flaky"] = ", ".join(result.suite.flaky)
             if any(cr.looping_outputs for cr in result.cases.values()):
                 tags["specexp.degenerate_output"] = "true"
             if result.same_run_as:

@@ -95,7 +95,13 @@ class CaseResult(_Model):
 
 
 class SuiteCaseResult(_Model):
-    """One suite case on one variant: the answer, the check's verdict, and against the baseline."""
+    """One suite case on one variant: the answer, the check's verdict, and against the baseline.
+
+    A pass→fail flip is a regression only when it reproduces: the baseline passed both its
+    answers (its own run and its second pass) and the variant failed both of its (its run
+    and one re-ask). Any other flip is ``flaky``: speculative decoding is lossless only up
+    to numerics, and so is a plain greedy run across batch shapes.
+    """
 
     name: str
     check: str  # the check kind
@@ -103,20 +109,35 @@ class SuiteCaseResult(_Model):
     reason: str
     output: str = ""
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    token_ids: list[int] | None = None  # the generated ids as the server reported them
     finish_reason: str | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
+    # baseline only: its second answer (other batch shape), and whether it was the same
+    repeat_passed: bool | None = None
+    repeat_equivalent: bool | None = None
+    repeat_divergence: int | None = None
+    # variants: against the baseline
     baseline_passed: bool | None = None
-    regression: bool = False  # passes at the baseline, fails here
+    baseline_stable: bool | None = None  # the baseline answered this case the same way twice
+    recheck_passed: bool | None = None  # the variant's re-ask of a pass→fail flip
+    recheck_reason: str | None = None
+    regression: bool = False  # a flip that reproduced
+    flaky: bool = False  # a flip that did not
     equivalent: bool | None = None  # same output as the baseline (greedy decoding)
     first_divergence: int | None = None  # first differing position (see divergence_unit)
-    divergence_unit: Literal["token", "char"] = "token"
+    divergence_unit: Literal["token", "retokenized", "char"] = "token"
 
 
 class SuiteResult(_Model):
     name: str
     cases: list[SuiteCaseResult]
     wall_s: float = 0.0
+    repeat: SuiteResult | None = None  # baseline: every case asked again, all at once
+    # variants: the baseline's agreement with itself, and whether this variant diverges clearly more
+    baseline_self_equivalence: float | None = None
+    divergence_p: float | None = None  # one-sided exact McNemar test (see suite.runner)
+    diverges_beyond_noise: bool | None = None
 
     @property
     def passed(self) -> int:
@@ -135,8 +156,18 @@ class SuiteResult(_Model):
         return [c.name for c in self.cases if c.regression]
 
     @property
+    def flaky(self) -> list[str]:
+        return [c.name for c in self.cases if c.flaky]
+
+    @property
     def equivalence_rate(self) -> float | None:
         judged = [c.equivalent for c in self.cases if c.equivalent is not None]
+        return sum(judged) / len(judged) if judged else None
+
+    @property
+    def self_equivalence_rate(self) -> float | None:
+        """Baseline: the share of cases answered identically in both passes."""
+        judged = [c.repeat_equivalent for c in self.cases if c.repeat_equivalent is not None]
         return sum(judged) / len(judged) if judged else None
 
 

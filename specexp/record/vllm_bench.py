@@ -20,11 +20,12 @@ from specexp.record.files import atomic_write_json, safe_name
 from specexp.record.results import CaseResult, TrialRecord, VariantResult
 
 
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+def _p99(values: list[float]) -> float:
+    """vLLM's ``np.percentile(values, 99)`` (linear interpolation), which is what the
+    inclusive method of ``statistics.quantiles`` computes."""
+    if len(values) == 1:  # quantiles wants two points (before Python 3.13)
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def _dist(name: str, values_s: list[float]) -> dict[str, float]:
@@ -40,7 +41,7 @@ def _dist(name: str, values_s: list[float]) -> dict[str, float]:
         f"mean_{name}_ms": statistics.fmean(ms),
         f"median_{name}_ms": statistics.median(ms),
         f"std_{name}_ms": statistics.pstdev(ms),
-        f"p99_{name}_ms": _percentile(ms, 99),
+        f"p99_{name}_ms": _p99(ms),
     }
 
 

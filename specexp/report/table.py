@@ -121,7 +121,8 @@ def summary_table(results: list[VariantResult]) -> Table:
 
 
 def describe_suite(suite: SuiteResult) -> str:
-    """One line: passed/failed/not run, regressions by name, equivalence rate."""
+    """One line: passed/failed/not run, regressions and flaky flips by name, equivalence
+    beside the baseline's agreement with itself."""
     parts = [f"suite {suite.name}: {suite.passed}/{len(suite.cases)} passed"]
     if suite.failed:
         parts.append(f"{suite.failed} failed")
@@ -129,8 +130,18 @@ def describe_suite(suite: SuiteResult) -> str:
         parts.append(f"{suite.not_run} not run")
     regs = suite.regressions
     parts.append(f"{len(regs)} regression(s)" + (f": {', '.join(regs)}" if regs else ""))
+    if suite.flaky:
+        parts.append(f"flaky (did not reproduce): {', '.join(suite.flaky)}")
+    if suite.self_equivalence_rate is not None:
+        parts.append(f"answers the same in a second pass on {suite.self_equivalence_rate:.0%}")
     if suite.equivalence_rate is not None:
-        parts.append(f"greedy-equivalent to the baseline on {suite.equivalence_rate:.0%}")
+        own = suite.baseline_self_equivalence
+        parts.append(
+            f"greedy-equivalent to the baseline on {suite.equivalence_rate:.0%}"
+            + (f" (the baseline to itself: {own:.0%})" if own is not None else "")
+        )
+    if suite.diverges_beyond_noise:
+        parts.append(f"diverges beyond the baseline's own noise (p={suite.divergence_p:.3f})")
     return ", ".join(parts)
 
 
@@ -138,8 +149,12 @@ def _suite_cell(case: SuiteCaseResult) -> str:
     mark = {True: "[green]✓[/green]", False: "[red]✗[/red]", None: "–"}[case.passed]
     if case.regression:
         mark = "[bold red]✗ regression[/bold red]"
+    elif case.flaky:
+        mark = "[yellow]✗ flaky[/yellow]"
     if case.first_divergence is not None:
-        mark += f" ≠@{case.first_divergence}"
+        mark += f" ≠@{case.first_divergence}" + ("~" if case.baseline_stable is False else "")
+    if case.repeat_divergence is not None:
+        mark += f" ≠@{case.repeat_divergence}~"
     return mark
 
 
@@ -167,7 +182,8 @@ def suite_table(results: list[VariantResult]) -> Table:
             cells.append(_suite_cell(case) if case else "")
         table.add_row(name, check, *cells)
     table.caption = (
-        "✓ pass · ✗ fail · – not run here (server flag or sandbox missing) · regression: passes at the "
-        "baseline, fails in the variant · ≠@n: output differs from the baseline's from token n on"
+        "✓ pass · ✗ fail · – not run here (server flag or sandbox missing) · regression: passes twice at "
+        "the baseline, fails twice in the variant · flaky: such a flip that did not reproduce · ≠@n: "
+        "output differs from the baseline's from token n on · ~: the baseline's own two answers differ"
     )
     return table

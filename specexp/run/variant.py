@@ -35,7 +35,7 @@ from specexp.measure.stats import attach_verdicts, look_confidence
 from specexp.record.recorder import Recorder
 from specexp.record.results import CaseResult, TrialRecord, VariantResult
 from specexp.suite.cases import parse_cases
-from specexp.suite.runner import judge_against_baseline, run_suite
+from specexp.suite.runner import run_suite
 
 Say = Callable[[str], None]
 
@@ -165,11 +165,13 @@ class VariantSession:
                 timeout_s=cfg.timeout_s,
                 code_timeout_s=cfg.code_timeout_s,
                 progress=self.say,
+                # the baseline answers twice (its own noise floor); a variant re-asks its
+                # flips and is judged against the baseline's answers
+                repeat=self.variant.is_baseline,
+                baseline=baseline.suite if baseline is not None else None,
+                tokenizer=load_tokenizer(endpoint.tokenizer) if endpoint.tokenizer else None,
             )
         )
-        if baseline is not None and baseline.suite is not None:
-            tokenizer = load_tokenizer(endpoint.tokenizer) if endpoint.tokenizer else None
-            judge_against_baseline(result, baseline.suite, tokenizer)
         self.result.suite = result
         if cfg.fail_fast and result.regressions:
             raise SuiteFailed(

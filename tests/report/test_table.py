@@ -64,3 +64,24 @@ def test_rows_per_variant_and_case_with_marks() -> None:
     assert "137.9 [127.0–147.9] ×1.01≈" in text
     assert "563 / 0.85" in text and "77% / 3.31" in text and "⟳ loops" in text
     assert "failed" in text and "vllm serve exited with code 1" in text
+
+
+def test_suite_line_shows_flaky_flips_and_the_baseline_noise_floor() -> None:
+    from specexp.record.results import SuiteCaseResult, SuiteResult
+    from specexp.report.table import describe_suite
+
+    def c(name: str, **kw: object) -> SuiteCaseResult:
+        base: dict[str, object] = {"name": name, "check": "exact", "passed": True, "reason": ""}
+        return SuiteCaseResult.model_validate(base | kw)
+
+    suite = SuiteResult(
+        name="r",
+        cases=[c("a", passed=False, flaky=True, equivalent=False), c("b", equivalent=True)],
+        baseline_self_equivalence=0.9,
+        divergence_p=0.01,
+        diverges_beyond_noise=True,
+    )
+    line = describe_suite(suite)
+    assert "0 regression(s)" in line and "flaky (did not reproduce): a" in line
+    assert "greedy-equivalent to the baseline on 50% (the baseline to itself: 90%)" in line
+    assert "diverges beyond the baseline's own noise (p=0.010)" in line
