@@ -19,13 +19,13 @@ import pytest
 
 from checkpoints_tools.fix import apply_fix
 from checkpoints_tools.scan import scan
-from checkpoints_tools.synthetic import glm_like
 from specexp.config.compose import plan_sweep
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError
 from specexp.launch.base import HostMemoryLow, create_launcher
 from specexp.launch.multinode import MultinodeLauncher
 from specexp.launch.plan import build_plan
+from tests.fixtures.checkpoints import glm_like
 from tests.netns_cluster import Cluster, cluster, wait_until
 
 FAKE = Path(__file__).parents[1] / "fakes" / "fake_vllm_process.py"
