@@ -114,6 +114,6 @@ def test_an_unknown_workload_slice_is_one_line_before_anything_starts(workdir: P
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "specexp: error: bench.workload: unknown workload 'chores'; "
-        "known: coding_conflict, copy_edit, portfolio, smart_home, todo"
+        "known: coding_conflict, copy_edit, portfolio, smart_home, todo; or file:PATH"
     )
     assert list(workdir.iterdir()) == []

@@ -27,7 +27,8 @@ DEVICES = frozenset({"auto", "cpu", "cuda"})
 
 @dataclass
 class ModelConfig:
-    """The target checkpoint. ``embedded:NAME`` resolves to a model specexp builds itself."""
+    """The target checkpoint: a folder, ``embedded:NAME`` (a model specexp builds itself) or a
+    Hugging Face hub id ``org/name`` (from the local cache)."""
 
     name: str = "smollm2-135m-instruct"
     path: str = "embedded:smollm2-135m-instruct"
@@ -35,6 +36,10 @@ class ModelConfig:
     # Whether the checkpoint carries MTP / next-token layers (decides what spec.method=mtp means).
     has_mtp: bool = False
     trust_remote_code: bool = False
+    # A path of the form org/name is a Hugging Face hub id, resolved through the local
+    # cache; it is downloaded only when this is true (and HF_HUB_OFFLINE is unset).
+    allow_download: bool = False
+    revision: str | None = None  # hub ids: a branch, tag or commit (null: main)
 
 
 @dataclass
@@ -268,7 +273,9 @@ class CaseConfig:
     """One measured scenario: how many streams at once, how many requests, how long."""
 
     concurrency: int = 1
-    num_prompts: int = 2
+    # Requests per trial, taken from the workload as whole conversations; null: every
+    # request of the workload, in file order.
+    num_prompts: int | None = 2
     max_tokens: int = 128
     # Exact prompt length in tokens (chat template included), built with the model's
     # tokenizer from realistic text; null = the workload's own prompts.
@@ -278,12 +285,53 @@ class CaseConfig:
     # Always generate max_tokens (vLLM's ignore_eos). Only for matching another tool's
     # fixed-length grid: a small model then loops, and the degenerate-output guard says so.
     ignore_eos: bool = False
+    # Open loop: requests arrive at this rate (per second) whether or not the server is
+    # done, instead of `concurrency` streams. Gaps are gamma-distributed with shape
+    # `burstiness` (1: Poisson; <1 burstier; .inf: even), seeded per trial, as vllm bench
+    # serve draws them. timing: trace replays the workload file's own timestamps instead.
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    timing: str | None = None  # null (closed loop or request_rate) or "trace"
+    max_concurrency: int | None = None  # open loop: cap on requests open at once (null: none)
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.num_prompts < 1 or self.max_tokens < 1:
+        if (
+            self.concurrency < 1
+            or (self.num_prompts is not None and self.num_prompts < 1)
+            or self.max_tokens < 1
+        ):
             raise ValueError("bench.cases: concurrency, num_prompts and max_tokens must be >= 1")
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
             raise ValueError("bench.cases: prompt_tokens must be >= 1")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"bench.cases: request_rate={self.request_rate} must be > 0")
+        if not self.burstiness > 0:
+            raise ValueError(f"bench.cases: burstiness={self.burstiness} must be > 0")
+        if self.timing not in (None, "trace"):
+            raise ValueError(f"bench.cases: timing={self.timing!r} is not trace (or null)")
+        if self.timing == "trace" and self.request_rate is not None:
+            raise ValueError("bench.cases: timing=trace replays the file's timestamps; drop request_rate")
+        if self.max_concurrency is not None:
+            if self.max_concurrency < 1:
+                raise ValueError("bench.cases: max_concurrency must be >= 1")
+            if self.request_rate is None and self.timing is None:
+                raise ValueError("bench.cases: max_concurrency caps open loop (request_rate or timing=trace)")
+        if self.prompt_tokens is not None and self.timing == "trace":
+            raise ValueError("bench.cases: prompt_tokens prompts have no timestamps for timing=trace")
+
+
+@dataclass
+class SloConfig:
+    """Objectives a request must meet to count towards goodput (null: not checked)."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None  # the request's mean inter-token gap (vLLM's TPOT)
+
+    def __post_init__(self) -> None:
+        for key in ("ttft_ms", "itl_ms"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"bench.slo.{key}={value} must be > 0")
 
 
 @dataclass
@@ -309,6 +357,13 @@ class BenchConfig:
     workload: str = "copy_edit"
     request_timeout_s: float = 300.0
     reset_prefix_cache: bool = True  # between trials, so trial 1 is not the only cold one
+    # A case whose outputs loop gets no winner (prompt lookup "accepts" the repetition, so
+    # the speed-up is not real); true names one anyway, for workloads that loop on purpose.
+    trust_loops: bool = False
+    # One case per slice label of a case's workload file (named <case>.<slice>)
+    split_by_slice: bool = False
+    # Service-level objectives for goodput (requests/s meeting all of them)
+    slo: SloConfig = field(default_factory=SloConfig)
     # Filled by conf/bench/*.yaml (default: single + concurrent4). Empty here so a bench
     # file replaces the set of cases instead of merging into a built-in one.
     cases: dict[str, CaseConfig] = field(default_factory=dict)

@@ -330,6 +330,26 @@ class LocalLauncher(StartStopContext):
         if alive and self._stop_sent is None and not self._frozen:
             self._signal_group(signal.SIGSTOP)
             self._frozen = True
+            self._wait_stopped()
+
+    def _wait_stopped(self, limit_s: float = 5.0) -> None:
+        """Return once every process of the group has stopped: ``killpg`` returns before a
+        process running on another core is actually suspended, and the next trial must not
+        share the CPU with it. Bounded: a process that never stops is not waited on forever."""
+        if self._pgid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(self._pgid)
+            procs = [leader, *leader.children(recursive=True)]
+            deadline = time.monotonic() + limit_s
+            for proc in procs:
+                while time.monotonic() < deadline:
+                    try:
+                        if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                            break
+                    except psutil.NoSuchProcess:
+                        break
+                    time.sleep(0.001)
 
     def thaw(self) -> None:
         if self._frozen and self._stop_sent is None:

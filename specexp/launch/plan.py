@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specexp.assets import hub
 from specexp.config.schema import Config
 from specexp.config.variant import Variant
 from specexp.paths import vllm_venv
@@ -157,11 +158,14 @@ def resolve_vllm_command(config: Config, device: str) -> list[str]:
     return ["vllm"]
 
 
-def resolve_model_path(path: str) -> str:
+def resolve_model_path(path: str, *, allow_download: bool = False, revision: str | None = None) -> str:
+    """A local folder for ``embedded:NAME`` and for hub ids (``org/name``, from the cache)."""
     if path.startswith(EMBEDDED_PREFIX):
         from specexp.assets.embedded import embedded_model_dir
 
         return str(embedded_model_dir(path[len(EMBEDDED_PREFIX) :]))
+    if hub.is_hub_id(path):
+        return str(hub.resolve(path, revision=revision, allow_download=allow_download))
     return path
 
 
@@ -263,7 +267,14 @@ def build_plan(
     to the launcher. ``resolve_model=False`` leaves ``embedded:`` paths symbolic."""
     config = variant.config
     device = device or detect_device(config.launcher.device)
-    model_path = resolve_model_path(config.model.path) if resolve_model else config.model.path
+    model = config.model
+    # a hub id resolves through this machine's cache only for a local launch
+    resolve = resolve_model and (config.launcher.kind == "local" or not hub.is_hub_id(model.path))
+    model_path = (
+        resolve_model_path(model.path, allow_download=model.allow_download, revision=model.revision)
+        if resolve
+        else model.path
+    )
     if port is None:
         port = config.server.port
     head_args = serve_args(config, model_path, device, port)

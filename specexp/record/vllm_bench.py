@@ -64,8 +64,8 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
         "model_id": model_id,
         "tokenizer_id": model_id,
         "num_prompts": len(trial.requests),
-        "request_rate": "inf",
-        "burstiness": 1.0,
+        "request_rate": case.request_rate if case.request_rate is not None else "inf",
+        "burstiness": case.burstiness,
         "max_concurrency": case.concurrency,
         "duration": dur,
         "completed": len(ok),
@@ -73,7 +73,7 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / dur if dur else 0.0,
-        "request_goodput": None,
+        "request_goodput": trial.metrics.get("goodput_req_s"),
         "output_throughput": out_tokens / dur if dur else 0.0,
         "total_token_throughput": (in_tokens + out_tokens) / dur if dur else 0.0,
         **_dist("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]),
@@ -97,7 +97,15 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
             "spec_decode_accepted_tokens": acc.accepted,
             "spec_decode_per_position_acceptance_rates": acc.per_position,
         }
-    for key in ("ttft_spread_ms", "ttft_max_ms", "jain_index", "looping_outputs", "decode_tok_s"):
+    for key in (
+        "ttft_spread_ms",
+        "ttft_max_ms",
+        "jain_index",
+        "looping_outputs",
+        "decode_tok_s",
+        "prefix_cache_hit_rate",
+        "send_late_p99_ms",
+    ):
         if key in trial.metrics:
             rec[f"specexp_{key}"] = trial.metrics[key]
     rec |= {"specexp_variant_hash": variant.hash, "specexp_case": case.case}

@@ -35,7 +35,7 @@ from specexp.launch.base import Launcher, create_launcher, launcher_class, targe
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
-from specexp.measure import workload
+from specexp.measure.traffic import check_bench
 from specexp.record.files import variant_dir
 from specexp.record.folder import FolderRecorder
 from specexp.record.recorder import Recorder, RecorderSet
@@ -56,11 +56,11 @@ class SweepOutcome:
 
 # -- before anything starts ---------------------------------------------------------------
 def check_inputs(variants: list[Variant]) -> None:
-    """A bad suite case or an unknown workload is a one-line error before anything starts."""
+    """A bad suite case, an unknown workload or a bad record in a workload file is a one-line
+    error before anything starts."""
     for v in variants:
         parse_cases(v.config.suite.cases, v.config.suite.name)
-        for case in v.config.bench.cases.values():
-            workload.load(case.workload or v.config.bench.workload)
+        check_bench(v.config.bench)
 
 
 def launch_plans(
@@ -195,11 +195,15 @@ def _find_resumable(plan: SweepPlan, name: str | None) -> _Resumed:
                 "resume with the same overrides, or start a new sweep"
             )
     else:
-        matching = [f for f in list_sweeps(plan.results_dir) if load_sweep(f).plan == want]
+        sweeps = list_sweeps(plan.results_dir)
+        matching = [f for f in sweeps if load_sweep(f).plan == want]
         if not matching:
-            raise ConfigError(
-                f"no sweep under {plan.results_dir} has this plan to resume; run without --resume"
+            latest = (
+                f"; the latest, {sweeps[-1].name}: {_describe_difference(want, load_sweep(sweeps[-1]).plan)}"
+                if sweeps
+                else "; run without --resume"
             )
+            raise ConfigError(f"no sweep under {plan.results_dir} has this plan to resume{latest}")
         folder = matching[-1]
         sweep = load_sweep(folder)
     folders = variant_folders(folder)

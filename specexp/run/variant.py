@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from specexp.config.variant import Variant
 from specexp.errors import LaunchError, SuiteFailed
 from specexp.launch.base import (
@@ -238,6 +240,11 @@ class VariantSession:
             self.result.error = str(guard)
         elif reason is not None:
             self.result.error = reason
+        elif isinstance(exc, httpx.TimeoutException | TimeoutError):
+            self.result.error = (
+                f"the server stopped answering: {type(exc).__name__} on a request that has "
+                f"{self.bench_cfg.request_timeout_s:g} s (bench.request_timeout_s) or 10 s (control calls)"
+            )
         elif isinstance(exc, LaunchError | SuiteFailed):
             self.result.error = str(exc)
         elif isinstance(exc, Exception):
