@@ -105,6 +105,15 @@ class ServerConfig:
                 raise ValueError(f"server.{key} must be >= 1")
         if not 0 <= self.port < 65536:
             raise ValueError(f"server.port={self.port} is not a port")
+        # a key on the command line is readable by every user of the node (ps) and would be
+        # one missed redaction away from a record; the launcher hands it to vLLM privately
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in self.extra_args) or (
+            "VLLM_API_KEY" in self.env
+        ):
+            raise ValueError(
+                "server: the API key goes in an environment variable named by launcher.api_key_env "
+                "(e.g. launcher.api_key_env=VLLM_KEY), not in server.extra_args or server.env"
+            )
 
 
 GPUSTACK_SOURCES = frozenset({"local_path", "huggingface", "model_scope"})

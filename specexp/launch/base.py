@@ -56,7 +56,13 @@ class Endpoint:
         return f"{self.control_base}/metrics"
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return bearer(self.api_key)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header every client sends when there is a key (none otherwise): one place, so no
+    client path can forget or spell it differently."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def api_key_from_env(var: str | None) -> str | None:

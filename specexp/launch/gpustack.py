@@ -46,6 +46,7 @@ from specexp.launch.base import (
     StartStopContext,
     StartupTiming,
     api_key_from_env,
+    bearer,
 )
 from specexp.launch.effective import read_effective
 from specexp.launch.gpustack_api import ApiCall, GpustackClient, GpustackError
@@ -720,7 +721,7 @@ class GpustackLauncher(StartStopContext):
             return None
         url = f"http://{host}:{port}"
         try:
-            httpx.get(f"{url}/health", timeout=5.0)
+            httpx.get(f"{url}/health", timeout=5.0, headers=bearer(self.api_key))
         except httpx.HTTPError as exc:
             note = (
                 f"instance {inst.get('name')} at {url} does not answer from here ({type(exc).__name__}): "

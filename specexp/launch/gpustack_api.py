@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from specexp.errors import LaunchError
+from specexp.launch.base import bearer
 
 
 class GpustackError(LaunchError):
@@ -62,8 +63,7 @@ class GpustackClient:
 
     def __init__(self, url: str, api_key: str | None, *, timeout_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._http = httpx.Client(base_url=self.url, headers=bearer(api_key), timeout=timeout_s)
         self.calls: list[ApiCall] = []
         self._version: str | None = None
 

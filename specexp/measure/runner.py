@@ -177,8 +177,11 @@ class VariantBench:
         limits = httpx.Limits(
             max_connections=None, max_keepalive_connections=64, keepalive_expiry=streaming.KEEPALIVE_S
         )
-        self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s)
-        self._streams = streaming.session(self.bench.request_timeout_s)
+        # both carry the endpoint's key (a server started with an API key, GPUStack, a
+        # protected endpoint), so every request of the variant is authorised alike
+        headers = self.endpoint.headers()
+        self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s, headers=headers)
+        self._streams = streaming.session(self.bench.request_timeout_s, headers)
         try:
             await self._warm_up()
         except BaseException:

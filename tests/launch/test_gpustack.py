@@ -385,16 +385,18 @@ def test_a_sweep_through_gpustack_records_no_key_anywhere_and_puts_the_model_bac
     assert KEY not in out.out + out.err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the measuring clients do not send Endpoint.headers() yet (the lead wires it into every client)",
-)
-def test_a_sweep_through_gpustack_measures_every_variant(
+def test_a_sweep_through_gpustack_measures_every_variant_with_the_key(
     tmp_path: Path, workdir: Path, key_env: None
 ) -> None:
+    """GPUStack's proxy refuses a request without the key (401, as recorded): every variant
+    measured means the warm-up and the measured streams sent it."""
     with replay(tmp_path, depth=3) as setup:
         existing(setup.fake, backend_parameters=["--prod"])
-        assert _sweep_through(setup.fake, workdir, "tracking=none") == 0
+        assert _sweep_through(setup.fake, workdir, "tracking=none", "bench.warmup_requests=1") == 0
+        proxied = [p for m, p, b in setup.fake.requests if p.startswith("/v1/chat")]
+    assert len(proxied) >= 2 * (1 + 1 + 4)  # two variants: warm-up, single, concurrent4
+    sweep = json.loads((workdir / "results" / "gs" / "sweep.json").read_text())
+    assert [v["status"] for v in sweep["variants"]] == ["ok", "ok"]
 
 
 def test_a_gpustack_error_fails_one_variant_and_the_sweep_goes_on(
