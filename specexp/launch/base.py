@@ -247,6 +247,15 @@ def launcher_class(kind: str) -> Any:
         raise ConfigError(f"launcher.kind={kind} is not available in this build (no {module})") from None
 
 
+def check_launcher(config: LauncherConfig) -> None:
+    """What any launch needs, checked before anything starts: the key's variable is set
+    (else every request would get 401 after a long start), and the kind's own needs."""
+    api_key_from_env(config.api_key_env)
+    check = getattr(launcher_class(config.kind), "check_config", None)
+    if check is not None:
+        check(config)
+
+
 def target_device(config: LauncherConfig, *, connect: bool = True) -> str | None:
     """The device of the node that serves, for planning: ``launcher.device`` unless auto;
     for launchers whose nodes are elsewhere, asked there (``detect_device`` on the class).

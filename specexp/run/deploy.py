@@ -25,7 +25,14 @@ from omegaconf import OmegaConf
 from specexp.config.schema import Config
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError
-from specexp.launch.base import EffectiveConfig, Launcher, ReportsProgress, create_launcher, launcher_class
+from specexp.launch.base import (
+    EffectiveConfig,
+    Launcher,
+    ReportsProgress,
+    check_launcher,
+    create_launcher,
+    launcher_class,
+)
 from specexp.launch.plan import LaunchPlan
 
 Say = Callable[[str], None]
@@ -198,9 +205,7 @@ def deploy(
     from specexp.run.sweep import check_or_raise, launch_plans
 
     cls = launcher_class(variant.config.launcher.kind)
-    check = getattr(cls, "check_config", None)
-    if check is not None:  # a missing URL or key is bad input, before anything starts
-        check(variant.config.launcher)
+    check_launcher(variant.config.launcher)  # a missing URL or key: bad input, before anything starts
     (plan,) = launch_plans([variant])  # for the device of the node that serves
     result = DeployResult(label=variant.label)
     if validate:

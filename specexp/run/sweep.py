@@ -31,7 +31,7 @@ from specexp.assets import embedded
 from specexp.config.sweep_plan import SweepPlan
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, ValidationFailed
-from specexp.launch.base import Launcher, create_launcher, launcher_class, target_device
+from specexp.launch.base import Launcher, check_launcher, create_launcher, launcher_class, target_device
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
@@ -261,9 +261,7 @@ def run_sweep(
     for kind in sorted({v.config.launcher.kind for v in variants}):
         launcher_class(kind)  # a kind this build cannot run is one line, before anything starts
     for v in variants:  # so is a launcher setting it cannot run with (a missing URL or key)
-        check = getattr(launcher_class(v.config.launcher.kind), "check_config", None)
-        if check is not None:
-            check(v.config.launcher)
+        check_launcher(v.config.launcher)
     resumed = _find_resumable(plan, resume_name) if resume else None
     check_writable(resumed.folder if resumed else plan.results_dir)
     _build_models(variants, console)

@@ -206,3 +206,18 @@ def test_a_key_on_the_command_line_is_refused_in_one_line(
     assert err.startswith("specexp: error: server: the API key goes in an environment variable named by")
     assert "s3cret" not in err
     assert not (workdir / "results").exists()
+
+
+def test_an_unset_key_variable_is_one_line_before_any_server_starts(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specexp.cli import main
+
+    marker = uuid.uuid4().hex
+    args = fake_sweep(marker, "launcher.api_key_env=SPECEXP_NO_SUCH_KEY", "sweep.validate=false")
+    assert main(["sweep", *args, "--no-baseline"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "specexp: error: launcher.api_key_env=SPECEXP_NO_SUCH_KEY: "
+        "the environment variable SPECEXP_NO_SUCH_KEY is not set"
+    )
+    assert not (workdir / "results").exists() and not fakes_alive(marker)
