@@ -232,12 +232,9 @@ def test_a_server_started_with_an_api_key_is_measured_and_no_file_holds_the_key(
     marker = new_marker()
     out = run_cli(
         [
-            "sweep",
-            "spec=ngram",
-            "spec.depth=2",
-            "bench=smoke",
+            # the README's command as written, then this test's budget and marker
+            *["sweep", "spec=ngram", "spec.depth=2", "bench=smoke", "launcher.api_key_env=SPECEXP_KEY"],
             "bench.trials=1",
-            "launcher.api_key_env=SPECEXP_E2E_KEY",
             marker_override(marker),
             "--no-baseline",
             "--name",
@@ -245,7 +242,7 @@ def test_a_server_started_with_an_api_key_is_measured_and_no_file_holds_the_key(
         ],
         workdir,
         timeout=900,
-        env={"SPECEXP_E2E_KEY": key},
+        env={"SPECEXP_KEY": key},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert key not in out.stdout + out.stderr

@@ -32,10 +32,12 @@ from specexp.launch.gpustack import (
 from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import LaunchPlan, NodePlan, free_port
 from tests.fakes.fake_gpustack import FAILS, PENDING, FakeGpustack, Scenario, Step
+from tests.helpers import REPO
 from tests.launch.test_local import fake_plan
 
 KEY = "gpustack_0123456789abcdef_0123456789abcdef0123456789abcdef"
 KEY_ENV = "SPECEXP_TEST_GPUSTACK_KEY"
+README = REPO / "README.md"
 
 
 def gs_plan(*, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> LaunchPlan:
@@ -457,3 +459,48 @@ def test_a_missing_url_or_key_is_one_line_before_anything_starts(
     assert main(["sweep", "launcher=gpustack", "spec=none", "suite=none", *extra]) == 2
     assert capsys.readouterr().err.strip() == f"specexp: error: {message}"
     assert not (workdir / "results").exists()
+
+
+# -- the README's commands --------------------------------------------------------------------------
+def _readme_commands(marker: str) -> list[list[str]]:
+    """The ``python -m specexp`` lines of the README's GPUStack section containing ``marker``,
+    continuation lines joined, as argument lists."""
+    section = README.read_text().split("## GPUStack launcher and deploy")[1].split("\n## ")[0]
+    lines = section.replace("\\\n", " ").splitlines()
+    found = [ln.split("#")[0].split() for ln in lines if ln.startswith("python -m specexp") and marker in ln]
+    return [words[3:] for words in found]  # after "python -m specexp"
+
+
+def test_the_readmes_gpustack_sweep_runs_as_written_through_a_replayed_gpustack(
+    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As written, with the replay's URL for gpustack.lan and a test budget added."""
+    from specexp.cli import main
+
+    (sweep,) = _readme_commands("launcher.gpustack.model_name")
+    monkeypatch.setenv("GPUSTACK_API_KEY", KEY)  # the variable the README exports
+    budget = [
+        "sweep.validate=false",
+        "suite=none",
+        "bench=smoke",
+        "bench.trials=1",
+        "bench.warmup_requests=0",
+        "~bench.cases.long_input",
+        "launcher.gpustack.poll_interval_s=0.1",
+        "--name=readme",
+    ]
+    with replay(tmp_path, depth=3) as setup:
+        args = [a.replace("http://gpustack.lan", setup.fake.url) for a in sweep]
+        assert main([*args, *budget]) == 0
+        assert not setup.fake.models  # the sweep created the model, and deleted it at its end
+    variants = json.loads((workdir / "results" / "readme" / "sweep.json").read_text())["variants"]
+    assert [v["status"] for v in variants] == ["ok", "ok", "ok"]
+    assert [v["label"].rsplit("-", 1)[-1] for v in variants] == ["baseline", "k3", "k5"]
+
+
+def test_the_readmes_gpustack_dry_run_prints_the_body(capsys: pytest.CaptureFixture[str]) -> None:
+    from specexp.cli import main
+
+    (dry,) = _readme_commands("--dry-run")
+    assert main([*dry, "--no-validate"]) == 0
+    assert "PUT /v2/models/<id of model 'glm-5.3-flash'>" in capsys.readouterr().out
