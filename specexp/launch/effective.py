@@ -116,6 +116,8 @@ def read_effective(endpoint: Endpoint, timeout_s: float = 10.0) -> EffectiveConf
 
     def put(found: dict[str, Any], source: str) -> None:
         for key, value in found.items():
+            if value is None:  # not reported (GPUStack's /v1/models has no max_model_len)
+                continue
             values[key] = value
             sources[key] = source
 

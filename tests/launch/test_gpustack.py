@@ -504,3 +504,23 @@ def test_the_readmes_gpustack_dry_run_prints_the_body(capsys: pytest.CaptureFixt
     (dry,) = _readme_commands("--dry-run")
     assert main([*dry, "--no-validate"]) == 0
     assert "PUT /v2/models/<id of model 'glm-5.3-flash'>" in capsys.readouterr().out
+
+
+def test_the_readmes_gpustack_deploy_verifies_the_seed_preset_through_a_replayed_gpustack(
+    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPUStack's /v1/models lists no max_model_len: a value nobody reports is a note, not
+    drift (the seed preset sets one, so its deploy would otherwise always fail)."""
+    from specexp.cli import main
+
+    (deploy,) = _readme_commands("deploy spark_glm_mtp")
+    monkeypatch.setenv("GPUSTACK_API_KEY", KEY)
+    with replay(tmp_path, depth=3) as setup:
+        args = [a.replace("http://gpustack.lan", setup.fake.url) for a in deploy]
+        code = main([*args, "--no-validate", "launcher.gpustack.poll_interval_s=0.1"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        (model,) = setup.fake.models.values()  # kept in service
+    assert "verified: mtp-k3 runs as the file says" in out
+    assert "model.max_model_len=500000 not checked: the server does not report it" in out
+    assert model["name"] == "glm-5.3-flash" and model["image_name"] == "eugr/spark-vllm-b12x:latest"
