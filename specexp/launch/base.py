@@ -248,12 +248,13 @@ def launcher_class(kind: str) -> Any:
 
 
 def check_launcher(config: LauncherConfig) -> None:
-    """What any launch needs, checked before anything starts: the key's variable is set
-    (else every request would get 401 after a long start), and the kind's own needs."""
-    api_key_from_env(config.api_key_env)
+    """What any launch needs, checked before anything starts: the kind's own needs (the
+    server to reach first), then that the key's variable is set (else every request would
+    get 401 after a long start)."""
     check = getattr(launcher_class(config.kind), "check_config", None)
     if check is not None:
         check(config)
+    api_key_from_env(config.api_key_env)
 
 
 def target_device(config: LauncherConfig, *, connect: bool = True) -> str | None:
