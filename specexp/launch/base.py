@@ -5,7 +5,12 @@ Endpoint once the server answers, reads back what really runs, and guarantees
 that ``stop()`` (also on error or Ctrl-C, through the context manager) leaves no
 process behind on any node. The orchestration calls only what is declared here;
 freezing idle servers (interleaved order on CPU) is an optional capability a
-launcher declares by implementing ``Pausable``.
+launcher declares by implementing ``Pausable``; a launcher whose progress has states
+worth showing implements ``ReportsProgress``. A launcher class may also offer
+``sweep_scope(report)``, a context manager the sweep holds around all its variants
+(GPUStack: the model is put back as it was once, after the last variant), and
+``describe(plan, config)``, extra lines for ``--dry-run`` (GPUStack: the request body),
+and ``check_config(config)``, what a launch needs, checked before anything starts.
 
 Launchers are found by ``launcher.kind`` in a registry of import paths, so adding
 one is a new module plus one line, and the contract tests
@@ -38,13 +43,26 @@ class Endpoint:
     model: str  # the name requests must use
     tokenizer: str | None = None  # a local path to the model's tokenizer, when there is one
     api_key: str | None = field(default=None, repr=False, compare=False)
+    # The vLLM server's own address when requests go through a proxy that forwards only the
+    # OpenAI API (GPUStack): /metrics, /server_info and the prefix-cache reset are read there.
+    control_url: str | None = None
+
+    @property
+    def control_base(self) -> str:
+        return self.control_url or self.base_url
 
     @property
     def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
+        return f"{self.control_base}/metrics"
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return bearer(self.api_key)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header every client sends when there is a key (none otherwise): one place, so no
+    client path can forget or spell it differently."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def api_key_from_env(var: str | None) -> str | None:
@@ -227,6 +245,16 @@ def launcher_class(kind: str) -> Any:
         if exc.name != module:
             raise
         raise ConfigError(f"launcher.kind={kind} is not available in this build (no {module})") from None
+
+
+def check_launcher(config: LauncherConfig) -> None:
+    """What any launch needs, checked before anything starts: the kind's own needs (the
+    server to reach first), then that the key's variable is set (else every request would
+    get 401 after a long start)."""
+    check = getattr(launcher_class(config.kind), "check_config", None)
+    if check is not None:
+        check(config)
+    api_key_from_env(config.api_key_env)
 
 
 def target_device(config: LauncherConfig, *, connect: bool = True) -> str | None:

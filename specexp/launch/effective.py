@@ -1,7 +1,8 @@
 """Read back what a running vLLM really runs: the config in the file is not the config that runs.
 
 Every source that exists is read, and each value says where it came from:
-``/v1/models`` (served name, model path, context length), ``/metrics`` (the
+``/v1/models`` (served name, model path, context length; through the proxy, when there
+is one), ``/metrics`` (the
 ``vllm:cache_config_info`` labels; speculative decoding on/off and its depth from the
 per-position acceptance counters), ``/server_info`` (the whole VllmConfig, mounted only
 with ``VLLM_SERVER_DEV_MODE=1``), and, for a server on this machine, the command line
@@ -115,13 +116,19 @@ def read_effective(endpoint: Endpoint, timeout_s: float = 10.0) -> EffectiveConf
 
     def put(found: dict[str, Any], source: str) -> None:
         for key, value in found.items():
+            if value is None:  # not reported (GPUStack's /v1/models has no max_model_len)
+                continue
             values[key] = value
             sources[key] = source
 
     with httpx.Client(timeout=timeout_s, headers=endpoint.headers()) as client:
         try:
             models = client.get(f"{endpoint.base_url}/v1/models").raise_for_status().json()
-            card: dict[str, Any] = next(iter(models.get("data") or []), {})
+            cards = [c for c in models.get("data") or [] if isinstance(c, dict)]
+            # a proxy (GPUStack) lists every model it serves: read the one measured
+            card: dict[str, Any] = next(
+                (c for c in cards if c.get("id") == endpoint.model), cards[0] if cards else {}
+            )
             put(
                 {
                     "model.served_name": card.get("id"),
@@ -137,7 +144,7 @@ def read_effective(endpoint: Endpoint, timeout_s: float = 10.0) -> EffectiveConf
         except (httpx.HTTPError, ValueError) as exc:
             notes.append(f"/metrics did not answer: {type(exc).__name__}")
         try:
-            resp = client.get(f"{endpoint.base_url}/server_info", params={"config_format": "json"})
+            resp = client.get(f"{endpoint.control_base}/server_info", params={"config_format": "json"})
             if resp.status_code == 404:
                 notes.append("/server_info is off (VLLM_SERVER_DEV_MODE=1 turns it on)")
             else:
@@ -145,7 +152,7 @@ def read_effective(endpoint: Endpoint, timeout_s: float = 10.0) -> EffectiveConf
         except (httpx.HTTPError, ValueError) as exc:
             notes.append(f"/server_info did not answer: {type(exc).__name__}")
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            version = client.get(f"{endpoint.base_url}/version").json().get("version")
+            version = client.get(f"{endpoint.control_base}/version").json().get("version")
             put({"server.version": version}, "/version")
     return EffectiveConfig(values=values, sources=sources, notes=tuple(notes))
 

@@ -20,6 +20,7 @@ from specexp.launch.base import (
     StartStopContext,
     StartupTiming,
     api_key_from_env,
+    bearer,
 )
 from specexp.launch.effective import read_effective
 
@@ -71,9 +72,8 @@ class EndpointLauncher(StartStopContext):
         """The server must answer ``/v1/models``; its first model is the one measured unless
         the config names one."""
         t0 = time.perf_counter()
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         last = "no answer"
-        with httpx.Client(timeout=5.0, headers=headers) as client:
+        with httpx.Client(timeout=5.0, headers=bearer(self.api_key)) as client:
             while time.perf_counter() - t0 < self.ready_timeout_s:
                 try:
                     resp = client.get(f"{self.base_url}/v1/models")

@@ -36,6 +36,7 @@ from specexp.launch.base import (
     StartStopContext,
     StartupTiming,
     api_key_from_env,
+    bearer,
 )
 from specexp.launch.effective import process_config, read_effective, substituted_backend
 from specexp.launch.plan import LaunchPlan, free_port, launch_env
@@ -194,6 +195,11 @@ class LocalLauncher(StartStopContext):
         # both and remove it on stop, so no run litters the machine.
         self._rpc_dir = Path(tempfile.mkdtemp(prefix="specexp-rpc-", dir=_socket_safe_tempdir()))
         env = launch_env({"VLLM_RPC_BASE_PATH": str(self._rpc_dir), "TMPDIR": str(self._rpc_dir), **node.env})
+        # vLLM's own variable for --api-key: the key stays off the command line and out of
+        # the plan that is recorded; without a key the server is open, as its clients expect
+        env.pop("VLLM_API_KEY", None)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         self._t0 = time.perf_counter()
         try:
             self._proc = subprocess.Popen(
@@ -260,7 +266,7 @@ class LocalLauncher(StartStopContext):
             raise LaunchError("wait_ready() before start()")
         deadline = self._t0 + self.ready_timeout_s
         url = f"{self.plan.base_url}/health"
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, headers=bearer(self.api_key)) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None:

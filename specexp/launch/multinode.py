@@ -43,6 +43,7 @@ from specexp.launch.base import (
     StartStopContext,
     StartupTiming,
     api_key_from_env,
+    bearer,
 )
 from specexp.launch.doctor import Diagnosis, diagnose
 from specexp.launch.effective import read_effective, substituted_backend
@@ -254,7 +255,11 @@ class MultinodeLauncher(StartStopContext):
         procs = await asyncio.gather(
             *(
                 r.node.spawn(
-                    r.argv, {"VLLM_RPC_BASE_PATH": r.run_dir or "", "TMPDIR": r.run_dir or "", **r.env}, grace
+                    r.argv,
+                    {"VLLM_RPC_BASE_PATH": r.run_dir or "", "TMPDIR": r.run_dir or "", **r.env},
+                    grace,
+                    # the head serves the API: vLLM takes its key from VLLM_API_KEY
+                    {"VLLM_API_KEY": self.api_key} if self.api_key and r.rank == 0 else None,
                 )
                 for r in self._runs
                 if r.node is not None
@@ -341,7 +346,7 @@ class MultinodeLauncher(StartStopContext):
         deadline = self._t0 + self.config.ready_timeout_s
         url = f"{self.plan.base_url}/health"
         doctored = False
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, headers=bearer(self.api_key)) as client:
             while True:
                 self._show_phases()
                 if self._tripped is not None:

@@ -105,7 +105,8 @@ async def hostname_resolution(node: Node) -> Resolution:
     addresses: list[str] = []
     for line in out.stdout.splitlines() if out is not None else []:
         first = line.split()[0] if line.split() else ""
-        if first and first not in addresses:
+        # only address lines: the output carries the node's stderr too (a login script's noise)
+        if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", first) and first not in addresses:
             addresses.append(first)
     return Resolution(name, tuple(addresses))
 

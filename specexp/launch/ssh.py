@@ -35,11 +35,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# $0 = name, $1 = the watchdog script, $2 = its grace period, then the command.
-# (An asynchronous list's stdin is /dev/null before its own redirections: the channel is
-# kept on fd 3 for the watchdog.)
+# $0 = name, $1 = the watchdog script, $2 = its grace period, $3 = the names of secret
+# variables whose values arrive as the first lines of stdin (off every command line), then
+# the command. (An asynchronous list's stdin is /dev/null before its own redirections: the
+# channel is kept on fd 3 for the watchdog.)
 _MAIN = (
-    'w=$1; g=$2; shift 2; echo "SPECEXP_PGID=$$"; exec 3<&0; '
+    'w=$1; g=$2; s=$3; shift 3; for n in $s; do IFS= read -r v; export "$n=$v"; done; v=; '
+    'echo "SPECEXP_PGID=$$"; exec 3<&0; '
     'setsid sh -c "$w" specexp-watch "$$" "$g" <&3 >/dev/null 2>&1 3<&- & '
     'exec "$@" </dev/null 3<&- 2>&1'
 )
@@ -110,10 +112,14 @@ def remote_command(argv: list[str] | tuple[str, ...], env: dict[str, str] | None
     return shlex.join(words)
 
 
-def server_command(argv: list[str] | tuple[str, ...], env: dict[str, str], grace_s: float) -> str:
-    """The command line that runs ``argv`` as a process group guarded by the watchdog."""
+def server_command(
+    argv: list[str] | tuple[str, ...], env: dict[str, str], grace_s: float, secret_names: tuple[str, ...] = ()
+) -> str:
+    """The command line that runs ``argv`` as a process group guarded by the watchdog; the
+    variables in ``secret_names`` are read from stdin, one line each, before it starts."""
     inner = ["env", *[f"{k}={v}" for k, v in env.items()], *argv]
-    return shlex.join(["sh", "-c", _MAIN, "specexp-node", _WATCH, str(max(1, round(grace_s))), *inner])
+    grace = str(max(1, round(grace_s)))
+    return shlex.join(["sh", "-c", _MAIN, "specexp-node", _WATCH, grace, " ".join(secret_names), *inner])
 
 
 def _describe(exc: BaseException) -> str:
@@ -181,10 +187,24 @@ class Node:
         code = done.returncode if done.returncode is not None else 255
         return Completed(code, out)
 
-    async def spawn(self, argv: tuple[str, ...], env: dict[str, str], grace_s: float) -> RemoteProcess:
-        """Start a server process group; returns once its group id is known."""
+    async def spawn(
+        self,
+        argv: tuple[str, ...],
+        env: dict[str, str],
+        grace_s: float,
+        secrets: dict[str, str] | None = None,
+    ) -> RemoteProcess:
+        """Start a server process group; returns once its group id is known. ``secrets``
+        (the API key) go through the channel's stdin, never on a command line the node's
+        users could read."""
+        secrets = secrets or {}
+        if any("\n" in v for v in secrets.values()):
+            raise LaunchError(f"{self.target.where}: a secret value holds a newline")
         try:
-            proc = await self.conn.create_process(server_command(argv, env, grace_s), encoding=None)
+            command = server_command(argv, env, grace_s, tuple(secrets))
+            proc = await self.conn.create_process(command, encoding=None)
+            for value in secrets.values():
+                proc.stdin.write(value.encode() + b"\n")
             first = await asyncio.wait_for(proc.stdout.readline(), timeout=self.target.connect_timeout_s)
         except (TimeoutError, asyncssh.Error, OSError) as exc:
             raise LaunchError(f"{self.target.where}: cannot start {argv[0]}: {_describe(exc)}") from None

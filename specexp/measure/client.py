@@ -137,9 +137,10 @@ def arrival() -> float:
 KEEPALIVE_S = 2.0
 
 
-def session(timeout_s: float) -> aiohttp.ClientSession:
+def session(timeout_s: float, headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
     """One session per measured variant: unlimited connections (the case's semaphore is the
-    limit), and the trace hook that tells each request when its body went out."""
+    limit), the trace hook that tells each request when its body went out, and ``headers``
+    (the endpoint's bearer token) on every request."""
     trace = aiohttp.TraceConfig()
 
     async def sent(_s: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
@@ -153,6 +154,7 @@ def session(timeout_s: float) -> aiohttp.ClientSession:
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s),
         trace_configs=[trace],
+        headers=headers,
     )
 
 

@@ -76,7 +76,7 @@ async def _run_case(
     case = plan.case
     if bench.reset_prefix_cache:
         with contextlib.suppress(httpx.HTTPError):
-            await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
+            await client.post(f"{endpoint.control_base}/reset_prefix_cache", timeout=10.0)
     before, cache_before = await _scrape(client, endpoint.metrics_url)
     plan_window = window(plan, bench.seed, trial)
     started_at = time.time()
@@ -177,8 +177,11 @@ class VariantBench:
         limits = httpx.Limits(
             max_connections=None, max_keepalive_connections=64, keepalive_expiry=streaming.KEEPALIVE_S
         )
-        self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s)
-        self._streams = streaming.session(self.bench.request_timeout_s)
+        # both carry the endpoint's key (a server started with an API key, GPUStack, a
+        # protected endpoint), so every request of the variant is authorised alike
+        headers = self.endpoint.headers()
+        self._client = httpx.AsyncClient(limits=limits, timeout=self.bench.request_timeout_s, headers=headers)
+        self._streams = streaming.session(self.bench.request_timeout_s, headers)
         try:
             await self._warm_up()
         except BaseException:

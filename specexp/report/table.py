@@ -20,14 +20,25 @@ def fmt_range(s: Summary | None, scale: float = 1.0, digits: int = 1) -> str:
     return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}]"
 
 
-def print_plan(console: Console, index: int, plan: LaunchPlan, check: ValidationResult | None) -> None:
+def print_plan(
+    console: Console,
+    index: int,
+    plan: LaunchPlan,
+    check: ValidationResult | None,
+    launcher_lines: list[str] | None = None,
+) -> None:
+    """One variant of ``--dry-run``: each node's command and env, or, for a launcher that says
+    what it does instead (``launcher_lines``; GPUStack: the request body it would send,
+    secrets masked), that."""
     console.print(
         f"[bold][{index}] {plan.label}[/bold]  hash={plan.variant_hash}  "
         f"launcher={plan.kind}  device={plan.device}"
     )
     for note in plan.notes:
         console.print(f"    [yellow]note:[/yellow] {note}")
-    for node in plan.nodes:
+    for line in launcher_lines or []:
+        console.print("    " + line, highlight=False, soft_wrap=True, markup=False)
+    for node in plan.nodes if not launcher_lines else ():  # the launcher said what it runs
         prefix = f"    node {node.rank} ({node.host})" if len(plan.nodes) > 1 else "    command"
         console.print(f"{prefix}:", highlight=False)
         console.print(

@@ -31,7 +31,7 @@ from specexp.assets import embedded
 from specexp.config.sweep_plan import SweepPlan
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, ValidationFailed
-from specexp.launch.base import Launcher, create_launcher, launcher_class, target_device
+from specexp.launch.base import Launcher, check_launcher, create_launcher, launcher_class, target_device
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
@@ -85,11 +85,22 @@ def dry_run(variants: list[Variant], console: Console, validate: bool = True) ->
     checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
     console.print(f"{len(plans)} variant(s)", highlight=False)
     for i, (variant, plan, check) in enumerate(zip(variants, plans, checks, strict=True)):
-        print_plan(console, i, plan, check)
+        extra = _launcher_lines(plan, variant)
+        print_plan(console, i, plan, check, extra)
         pre = check_checkpoint(variant, plan.model_path, allow_fix=False)
         if pre.ran:
             console.print(f"    {pre.message}", highlight=False, soft_wrap=True)
     return [c for c in checks if c is not None]
+
+
+def _launcher_lines(plan: LaunchPlan, variant: Variant) -> list[str]:
+    """What the variant's launcher does instead of running the plan's commands (its
+    ``describe``), if it says."""
+    try:
+        describe = getattr(launcher_class(plan.kind), "describe", None)
+    except ConfigError:  # a kind this build lacks still prints its plan
+        return []
+    return list(describe(plan, variant.config.launcher)) if describe is not None else []
 
 
 def check_or_raise(checks: list[ValidationResult], console: Console | None = None) -> None:
@@ -249,6 +260,8 @@ def run_sweep(
     check_inputs(variants)
     for kind in sorted({v.config.launcher.kind for v in variants}):
         launcher_class(kind)  # a kind this build cannot run is one line, before anything starts
+    for v in variants:  # so is a launcher setting it cannot run with (a missing URL or key)
+        check_launcher(v.config.launcher)
     resumed = _find_resumable(plan, resume_name) if resume else None
     check_writable(resumed.folder if resumed else plan.results_dir)
     _build_models(variants, console)
@@ -258,19 +271,25 @@ def run_sweep(
     # starts them all (it would start them together right after anyway).
     together = plan.order == "interleaved" and all(plans[i].device == "cpu" for i in todo)
     early: dict[int, _Early] = {}
-    for i in todo[: len(todo) if together else 1]:
-        e = _start_early(variants[i], plans[i])
-        if e is not None:
-            early[i] = e
-    try:
-        if plan.validate:
-            with sigterm_as_interrupt():
-                console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
-                check_or_raise(validate_plans([plans[i] for i in todo]), console)
-        return _run_validated(plan, plans, console, early, resumed)
-    finally:
-        for e in early.values():  # stopping is a no-op where its variant already stopped it
-            e.discard()
+    with contextlib.ExitStack() as scopes:
+        # a launcher kind may hold state for the whole sweep (GPUStack: what to put back at the end)
+        for kind in sorted({p.kind for p in plans}):
+            scope = getattr(launcher_class(kind), "sweep_scope", None)
+            if scope is not None:
+                scopes.enter_context(scope(functools.partial(_say, console)))
+        for i in todo[: len(todo) if together else 1]:
+            e = _start_early(variants[i], plans[i])
+            if e is not None:
+                early[i] = e
+        try:
+            if plan.validate:
+                with sigterm_as_interrupt():
+                    console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
+                    check_or_raise(validate_plans([plans[i] for i in todo]), console)
+            return _run_validated(plan, plans, console, early, resumed)
+        finally:
+            for e in early.values():  # stopping is a no-op where its variant already stopped it
+                e.discard()
 
 
 def _open_sweep(plan: SweepPlan, resumed: _Resumed | None) -> tuple[SweepResult, Path]:
@@ -375,6 +394,10 @@ def _run_validated(
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {folder}", highlight=False)
     uri = sweep.tracking.uri if recorder.sinks else None
     return SweepOutcome(sweep, folder, uri)
+
+
+def _say(console: Console, message: str) -> None:
+    console.print(message, highlight=False, soft_wrap=True, markup=False)
 
 
 def _write_report(sweep: SweepResult, folder: Path, warn: Callable[[str], None]) -> None:

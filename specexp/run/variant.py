@@ -146,6 +146,7 @@ class VariantSession:
         for line in self.launcher.substitutions:
             self.result.notes.append(f"server log: {line} (the server ran something else than asked)")
             self.recorder.tag(self.variant, "specexp.substitution", line)
+        self.result.notes.extend(getattr(self.launcher, "notes", []))  # what the launcher had to do
         effective = self.launcher.effective_config(endpoint)
         self.result.effective = {k: v for k, v in effective.values.items() if v is not None}
         self.result.effective_sources = dict(effective.sources)

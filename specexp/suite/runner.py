@@ -184,7 +184,7 @@ async def run_suite(
     say = progress or (lambda _m: None)
     results: list[SuiteCaseResult] = []
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, headers=endpoint.headers()) as client:
         asker = _Asker(client, endpoint, seed)
         runnable: list[SuiteCase] = []
         for i, case in enumerate(cases):

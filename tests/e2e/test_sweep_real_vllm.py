@@ -218,3 +218,47 @@ def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> 
         assert during_mine and not [s for s in during_mine if s.startswith("T")], (port, during_mine)
         assert during_other and all(s.startswith("T") for s in during_other), (port, during_other)
     assert processes_matching("vllm_entry.py") == []
+
+
+def test_a_server_started_with_an_api_key_is_measured_and_no_file_holds_the_key(workdir: Path) -> None:
+    """``launcher.api_key_env``: vLLM gets the key as VLLM_API_KEY (its own variable for
+    ``--api-key``) and refuses /v1 requests without it; the warm-up, the suite and every
+    measured stream send it. The key is in no file the sweep wrote (results, logs, the MLflow
+    store and its artifacts), not in its output, and not on the server's command line."""
+    from tests.e2e.leftovers import marker_override, new_marker, processes_with
+
+    require_vllm()
+    key = f"sk-e2e-{new_marker()}"
+    marker = new_marker()
+    out = run_cli(
+        [
+            # the README's command as written, then this test's budget and marker
+            *["sweep", "spec=ngram", "spec.depth=2", "bench=smoke", "launcher.api_key_env=SPECEXP_KEY"],
+            "bench.trials=1",
+            marker_override(marker),
+            "--no-baseline",
+            "--name",
+            "keyed",
+        ],
+        workdir,
+        timeout=900,
+        env={"SPECEXP_KEY": key},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert key not in out.stdout + out.stderr
+    (variant,) = json.loads((workdir / "results" / "keyed" / "sweep.json").read_text())["variants"]
+    assert variant["status"] == "ok", variant.get("error")
+    assert variant["effective"]["process.env.VLLM_API_KEY"] == "***"  # the server was guarded
+    assert not any("--api-key" in a for a in variant["launch"]["nodes"][0]["argv"])
+    for case in variant["cases"].values():
+        assert case["failed_requests"] == 0
+        assert case["summary"]["output_tok_s"]["median"] > 0
+    assert variant["suite"]["cases"] and not [
+        c["name"] for c in variant["suite"]["cases"] if "401" in (c.get("reason") or "")
+    ]
+    searched = [p for p in workdir.rglob("*") if p.is_file()]
+    assert {"mlflow.db", "server.log"} <= {p.name for p in searched}
+    assert any("mlruns" in p.parts for p in searched)  # the MLflow artifacts
+    for path in searched:
+        assert key.encode() not in path.read_bytes(), path
+    assert processes_with(marker) == []

@@ -14,9 +14,14 @@ on the address its hostname resolves to and waits forever, the way Gloo does whe
 takes its address from the hostname (seed 003: a loopback address).
 
 ``serve`` also answers chat completions (a short SSE stream, each request logged with
-its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it;
+its wall-clock time), /metrics (with per-position acceptance counters for
+$FAKE_VLLM_SPEC_DEPTH positions) and /reset_prefix_cache, so whole sweeps can run on it;
 non-streamed requests get "Paris" (``serve-wrong``: "Lyon"). Its worker logs a heartbeat
 (``ALIVE <wall time>``) every 20 ms, which stops while the server is frozen.
+
+With ``$VLLM_API_KEY`` set (vLLM's own variable for ``--api-key``) every path wants the
+bearer token, /health and /metrics too (stricter than vLLM, which guards only /v1, and as
+strict as a protecting proxy): a request without it gets 401 and logs ``UNAUTHORIZED``.
 """
 
 from __future__ import annotations
@@ -49,8 +54,20 @@ def log(msg: str) -> None:
     os.write(1, (msg + "\n").encode())  # one write per line: the worker shares this pipe
 
 
+API_KEY = os.environ.get("VLLM_API_KEY")
+
+
 class Health(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def _refused(self) -> bool:
+        if API_KEY is None or self.headers.get("Authorization") == f"Bearer {API_KEY}":
+            return False
+        log(f"UNAUTHORIZED {self.command} {self.path}")
+        if self.command == "POST":
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._empty(401)
+        return True
 
     def _empty(self, code: int) -> None:
         self.send_response(code)
@@ -58,6 +75,8 @@ class Health(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
+        if self._refused():
+            return
         if mode.startswith("serve") and self.path == "/v1/models":
             card = {"id": "/fake", "object": "model", "root": "/fake", "max_model_len": 2048}
             body = json.dumps({"object": "list", "data": [card]}).encode()
@@ -68,7 +87,11 @@ class Health(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
             return
         if mode.startswith("serve") and self.path == "/metrics":
-            body = b"# no spec decode counters\n"
+            depth = int(os.environ.get("FAKE_VLLM_SPEC_DEPTH") or 0)  # speculation's per-position counters
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            lines = [f"# TYPE {name} counter"] if depth else ["# no spec decode counters"]
+            lines += [f'{name}{{engine="0",position="{i}"}} 0.0' for i in range(depth)]
+            body = ("\n".join(lines) + "\n").encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -77,6 +100,8 @@ class Health(http.server.BaseHTTPRequestHandler):
         self._empty(200 if self.path == "/health" else 404)
 
     def do_POST(self) -> None:
+        if self._refused():
+            return
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         if mode.startswith("serve") and self.path == "/v1/chat/completions" and not request.get("stream"):

@@ -6,6 +6,7 @@ which of the processes it started are still alive."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -84,10 +85,34 @@ def multinode(tmp_path: Path) -> Iterator[Made]:
             launcher.stop()
 
 
+@contextlib.contextmanager
+def gpustack(tmp_path: Path) -> Iterator[Made]:
+    """A replayed GPUStack 2.3.0 (answers recorded from the real server, schema-checked)
+    whose instance is a fake vLLM: a worker-less real server never gets an instance running,
+    so readiness can only be shown this way (the real servers: test_gpustack_real.py)."""
+    from tests.launch.test_gpustack import KEY, KEY_ENV, cfg, replay
+
+    with pytest.MonkeyPatch.context() as mp, replay(tmp_path) as setup:
+        mp.setenv(KEY_ENV, KEY)
+        plan = dataclasses.replace(fake_plan("serve"), kind="gpustack")
+        launcher = create_launcher(plan, cfg(setup.fake.url), tmp_path / "logs")
+        assert type(launcher).kind == "gpustack"
+        before = set(setup.fake.models)
+
+        def started() -> list[int]:  # what it created on the server and is still there
+            return sorted(set(setup.fake.models) - before)
+
+        try:
+            yield launcher, started
+        finally:
+            launcher.stop()
+
+
 FACTORIES: dict[str, Callable[[Path], contextlib.AbstractContextManager[Made]]] = {
     "local": local,
     "endpoint": endpoint,
     "multinode": multinode,
+    "gpustack": gpustack,
 }
 
 
@@ -109,7 +134,7 @@ def test_start_wait_ready_answers_and_stop_leaves_nothing(made: Made) -> None:
     with launcher:
         ep = launcher.wait_ready()
         assert isinstance(ep, Endpoint)
-        assert httpx.get(f"{ep.base_url}/v1/models", timeout=5).status_code == 200
+        assert httpx.get(f"{ep.base_url}/v1/models", headers=ep.headers(), timeout=5).status_code == 200
         assert launcher.failure() is None
         assert launcher.startup.ready_s is not None
         for path in launcher.logs().values():
@@ -136,7 +161,7 @@ def test_effective_config_is_read_from_the_running_server(made: Made) -> None:
     with launcher:
         ep = launcher.wait_ready()
         eff = launcher.effective_config(ep)
-        assert eff.values["model.served_name"] == "/fake"
+        assert eff.values["model.served_name"] == ep.model
         assert eff.sources["model.served_name"] == "/v1/models"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +115,28 @@ def test_starts_every_node_over_ssh_logs_each_and_stops_all(two: Cluster, tmp_pa
         assert (tmp_path / "moved" / "node1.log").read_text().startswith(follower)
     assert group_members(two, ln) == []
     nothing_left(two)
+
+
+def test_the_heads_server_gets_the_key_through_ssh_stdin_and_no_command_line_holds_it(
+    two: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake wants the key on /health when it has one: ready means the probe sent it."""
+    key = f"sk-{uuid.uuid4().hex}"
+    monkeypatch.setenv("SPECEXP_TEST_KEY", key)
+    ln = launcher(two, tmp_path, "launcher.api_key_env=SPECEXP_TEST_KEY")
+    with ln:
+        ln.wait_ready()
+        head, follower = (psutil.Process(g) for g in ln.pgids if g is not None)
+        assert head.environ().get("VLLM_API_KEY") == key
+        assert "VLLM_API_KEY" not in follower.environ()  # only the head serves the API
+        for node in two.nodes:
+            for pid in node.pids():
+                with contextlib.suppress(psutil.Error):
+                    assert key not in " ".join(psutil.Process(pid).cmdline()), pid
+        assert "UNAUTHORIZED" not in ln.logs()["node0"].read_text()
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
 
 
 def test_a_follower_dying_during_startup_fails_naming_it_and_stops_the_head(

@@ -162,3 +162,62 @@ def test_resuming_a_finished_sweep_reuses_every_variant_and_a_changed_plan_is_re
         ConfigError, match=r"^cannot resume again: variants differ \(not in this plan: ngram-k3="
     ):
         run_sweep(SweepPlan.resolve(changed), _quiet(), resume=True, resume_name="again")
+
+
+def test_a_server_started_with_a_key_gets_it_on_every_path_and_no_file_holds_it(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake wants the key on every path (readiness, warm-up, cache reset, /metrics, the
+    streams, the suite, the read-back): one request without it would log UNAUTHORIZED. The
+    key reaches the server as VLLM_API_KEY, and no result file, log or MLflow record holds it."""
+    from specexp.cli import main
+
+    key = f"sk-{uuid.uuid4().hex}"
+    monkeypatch.setenv("SPECEXP_TEST_KEY", key)
+    marker = uuid.uuid4().hex
+    args = [
+        *fake_sweep(marker, "launcher.api_key_env=SPECEXP_TEST_KEY", "sweep.validate=false"),
+        "suite=regression17",
+        "bench.warmup_requests=1",
+        "bench.reset_prefix_cache=true",
+    ]
+    assert main(["sweep", *args, "--no-baseline", "--name=keyed"]) == 0
+    (vdir,) = (workdir / "results" / "keyed").glob("00-*")
+    log = (vdir / "server.log").read_text()
+    assert "Application startup complete" in log and "REQUEST" in log
+    assert "UNAUTHORIZED" not in log
+    result = (vdir / "result.json").read_text()
+    assert '"status": "ok"' in result and "HTTP 401" not in result
+    assert '"process.env.VLLM_API_KEY": "***"' in result  # the server had it, the record masks it
+    searched = [p for p in workdir.rglob("*") if p.is_file()]
+    assert any(p.name == "mlflow.db" for p in searched)
+    for path in searched:
+        assert key.encode() not in path.read_bytes(), path
+    assert not fakes_alive(marker)
+
+
+def test_a_key_on_the_command_line_is_refused_in_one_line(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specexp.cli import main
+
+    assert main(["sweep", *fake_sweep("x", 'server.extra_args=["--api-key=s3cret"]'), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specexp: error: server: the API key goes in an environment variable named by")
+    assert "s3cret" not in err
+    assert not (workdir / "results").exists()
+
+
+def test_an_unset_key_variable_is_one_line_before_any_server_starts(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specexp.cli import main
+
+    marker = uuid.uuid4().hex
+    args = fake_sweep(marker, "launcher.api_key_env=SPECEXP_NO_SUCH_KEY", "sweep.validate=false")
+    assert main(["sweep", *args, "--no-baseline"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "specexp: error: launcher.api_key_env=SPECEXP_NO_SUCH_KEY: "
+        "the environment variable SPECEXP_NO_SUCH_KEY is not set"
+    )
+    assert not (workdir / "results").exists() and not fakes_alive(marker)
