@@ -15,7 +15,9 @@ changed later can be scored again on the same measurements (``--score-only``).
     python benchmarks/aa_false_winners.py                          # 10 runs each at launches=1 and 2
     python benchmarks/aa_false_winners.py --launches 2 --runs 3 --keep ~/aa   # 3 more, kept
     python benchmarks/aa_false_winners.py --keep ~/aa --score-only           # score what is there
-    python benchmarks/aa_false_winners.py --quick                  # one short run
+    python benchmarks/aa_false_winners.py --quick                  # one short run at launches=1
+
+``--quick`` still starts two real servers: about a minute of measuring, plus the servers' start.
 
 The last line is the headline.
 """
