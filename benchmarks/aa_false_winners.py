@@ -5,11 +5,19 @@ measured twice, as two variants of one interleaved sweep (two servers, the same 
 and the copy gets a verdict against the original like any variant. A ▲/▼ there is a false
 winner. Every variant is one server launch, so trial-to-trial intervals cover noise within
 a launch, not between launches; ``bench.launches=2`` nests the trials in two launches and
-asks the verdict to hold in both. Compared on the same data: the naive reading of one
-trial each (the faster one "wins").
+asks the verdict to hold in every launch pair. Compared on the same data: the naive
+reading of one trial each (the faster one "wins").
 
-    python benchmarks/aa_false_winners.py                  # 10 runs each at launches=1 and 2
-    python benchmarks/aa_false_winners.py --quick          # one short run (under a minute of measuring)
+The sweeps are kept (``--keep DIR``; a temporary folder otherwise) and scored with the
+verdict code of this checkout, so runs made in several sittings add up, and a rule
+changed later can be scored again on the same measurements (``--score-only``).
+
+    python benchmarks/aa_false_winners.py                          # 10 runs each at launches=1 and 2
+    python benchmarks/aa_false_winners.py --launches 2 --runs 3 --keep ~/aa   # 3 more, kept
+    python benchmarks/aa_false_winners.py --keep ~/aa --score-only           # score what is there
+    python benchmarks/aa_false_winners.py --quick                  # one short run at launches=1
+
+``--quick`` still starts two real servers: about a minute of measuring, plus the servers' start.
 
 The last line is the headline.
 """
@@ -17,7 +25,7 @@ The last line is the headline.
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import subprocess
 import sys
@@ -25,11 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from specexp.measure.stats import case_verdict, primary_metric
+from specexp.record.results import SweepResult
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def one_run(workdir: Path, name: str, launches: int, quick: bool) -> list[tuple[str, str, str]]:
-    """(case, specexp verdict, one-trial verdict) for the A/A copy of one sweep."""
+def run_sweep(workdir: Path, name: str, launches: int, quick: bool) -> bool:
     args = [
         "sweep",
         "spec=none",
@@ -53,54 +63,93 @@ def one_run(workdir: Path, name: str, launches: int, quick: bool) -> list[tuple[
         [sys.executable, "-m", "specexp", *args], cwd=REPO, env=env, capture_output=True, text=True
     )
     if proc.returncode != 0:
-        sys.exit(f"sweep {name} failed ({proc.returncode}): {proc.stderr[-1500:]}")
-    sweep = json.loads((workdir / "results" / name / "sweep.json").read_text())
-    original, copy = sweep["variants"]
-    out = []
-    for case, cr in copy["cases"].items():
-        verdict = (cr.get("verdict") or {}).get("verdict", "none")
-        metric = "decode_tok_s" if cr["concurrency"] == 1 else "output_tok_s"
-        first = [t["metrics"].get(metric) for t in (original["cases"][case]["trials"][0], cr["trials"][0])]
+        print(f"sweep {name} failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    return proc.returncode == 0
+
+
+def score(sweep_json: Path) -> list[tuple[str, str, str]] | None:
+    """(case, specexp verdict, one-trial verdict) for the A/A copy of one kept sweep; None
+    (said) when a variant of it did not finish."""
+    sweep = SweepResult.model_validate_json(sweep_json.read_text())
+    original, copy = sweep.variants
+    if original.status != "ok" or copy.status != "ok":
+        why = original.error or copy.error
+        print(f"{sweep_json.parent.name}: not counted, a variant did not finish ({why})")
+        return None
+    out: list[tuple[str, str, str]] = []
+    for case, cr in copy.cases.items():
+        base = original.cases[case]
+        verdict = case_verdict(cr, base)
+        metric = primary_metric(cr)
+        first = (base.trials[0].metrics.get(metric, 0.0), cr.trials[0].metrics.get(metric, 0.0))
         naive = "better" if first[1] > first[0] else "worse"
-        out.append((case, verdict, naive))
+        out.append((case, verdict.verdict if verdict is not None else "none", naive))
     return out
 
 
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion k/n (honest at small n and at k = 0)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} ({k / n:.0%}, 95 % CI {lo:.0%}-{hi:.0%})" if n else "0/0"
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=10, help="new runs per launches setting")
+    ap.add_argument("--launches", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--keep", type=Path, help="work folder to keep (and add to) the sweeps in")
+    ap.add_argument("--score-only", action="store_true", help="score the kept sweeps, run none")
     args = ap.parse_args()
-    settings = [1] if args.quick else [1, 2]
-    runs = 1 if args.quick else args.runs
-    rates = {}
+    settings = [1] if args.quick else args.launches
+    runs = 0 if args.score_only else 1 if args.quick else args.runs
     with tempfile.TemporaryDirectory(prefix="specexp-aa-") as tmp:
+        workdir = args.keep.expanduser() if args.keep else Path(tmp)
+        results = workdir / "results"
+        headline = []
         for launches in settings:
-            verdicts: list[tuple[str, str, str]] = []
             t0 = time.perf_counter()
-            for i in range(runs):
-                got = one_run(Path(tmp), f"aa-l{launches}-{i}", launches, args.quick)
-                verdicts += got
+            for _ in range(runs):
+                i = len(list(results.glob(f"aa-l{launches}-*"))) if results.exists() else 0
+                name = f"aa-l{launches}-{i}"
+                if not run_sweep(workdir, name, launches, args.quick):
+                    continue
+                got = score(results / name / "sweep.json") or []
                 print(
-                    f"launches={launches} run {i + 1}/{runs}: " + ", ".join(f"{c} {v}" for c, v, _ in got),
-                    flush=True,
+                    f"{name} ({time.perf_counter() - t0:.0f} s): " + ", ".join(f"{c} {v}" for c, v, _ in got)
                 )
+                sys.stdout.flush()
+            verdicts: list[tuple[str, str, str]] = []
+            runs_with_winner = n_runs = 0
+            for sweep_json in sorted(results.glob(f"aa-l{launches}-*/sweep.json")):
+                scored = score(sweep_json)
+                if scored is None:
+                    continue
+                verdicts += scored
+                n_runs += 1
+                runs_with_winner += any(v in ("better", "worse") for _, v, _ in scored)
+            if not verdicts:
+                continue
             false = sum(1 for _, v, _ in verdicts if v in ("better", "worse"))
             undecidable = sum(1 for _, v, _ in verdicts if v == "none")
             naive = sum(1 for _, _, n in verdicts if n in ("better", "worse"))
-            rates[launches] = false / len(verdicts)
             print(
-                f"launches={launches}: {len(verdicts)} A/A comparisons in {time.perf_counter() - t0:.0f} s; "
-                f"specexp false winners {false} ({false / len(verdicts):.0%}), "
-                f"no interval possible {undecidable}; one-trial reading names a winner in {naive} "
-                f"({naive / len(verdicts):.0%})",
-                flush=True,
+                f"launches={launches}: {n_runs} runs, {len(verdicts)} A/A comparisons; specexp false "
+                f"winners {rate(false, len(verdicts))}, "
+                f"runs naming any winner {rate(runs_with_winner, n_runs)}, "
+                f"no interval possible {undecidable}; one-trial reading names a winner in {naive}"
             )
-    print(
-        "headline: A/A false-winner rate "
-        + ", ".join(f"launches={k}: {v:.0%}" for k, v in rates.items())
-        + " (goal <= 5 %)"
-    )
+            headline.append(f"launches={launches}: {rate(false, len(verdicts))}")
+    print("headline: A/A false winners (per comparison) " + "; ".join(headline) + " (goal <= 5 %)")
 
 
 if __name__ == "__main__":

@@ -314,7 +314,12 @@ def wait_until(predicate: object, timeout_s: float = 20.0, what: str = "conditio
 
 
 @contextlib.contextmanager
-def cluster(n: int = 2, **kwargs: object) -> Iterator[Cluster]:
+def cluster(
+    n: int = 2,
+    *,
+    loopback_hostname: tuple[int, ...] = (),
+    binds: dict[int, list[tuple[str, str]]] | None = None,
+) -> Iterator[Cluster]:
     require_namespaces()
-    with Cluster(n, **kwargs) as c:  # type: ignore[arg-type]
+    with Cluster(n, loopback_hostname=loopback_hostname, binds=binds) as c:
         yield c

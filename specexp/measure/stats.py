@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from specexp.measure.prometheus import ServerWindow
@@ -278,7 +278,73 @@ def metric_verdict(
     """Any per-trial figure of a case against the baseline's, over the trials that are
     measurements: the Hodges-Lehmann ratio and its interval, as the table shows them (the
     ratio to log as ``<case>.<metric>.vs_baseline``, not a ratio of medians, which can
-    fall outside its own interval)."""
-    b = [t.metrics[metric] for t in base.trials if t.ok and metric in t.metrics]
-    v = [t.metrics[metric] for t in case.trials if t.ok and metric in t.metrics]
-    return compare(metric, b, v, higher_is_better=higher_is_better, confidence=confidence)
+    fall outside its own interval).
+
+    With ``bench.launches`` above 1 the trials are nested in server launches, and trials of
+    one launch share its startup luck (where memory landed, which kernels were picked), so
+    pooling them would make an interval of within-launch noise look like one over launches
+    (see ``across_launches``)."""
+    b = _by_launch(base, metric)
+    v = _by_launch(case, metric)
+    return across_launches(metric, b, v, higher_is_better=higher_is_better, confidence=confidence)
+
+
+def _by_launch(case: CaseResult, metric: str) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for t in case.trials:
+        if t.ok and metric in t.metrics:
+            out.setdefault(t.launch, []).append(t.metrics[metric])
+    return out
+
+
+def across_launches(
+    metric: str,
+    baseline: Mapping[int, Sequence[float]],
+    variant: Mapping[int, Sequence[float]],
+    *,
+    higher_is_better: bool = True,
+    confidence: float = 0.95,
+) -> Verdict | None:
+    """The verdict over trials grouped by server launch (launch index -> trial values).
+
+    Launch i of the variant is compared with launch i of the baseline (interleaved, they
+    ran side by side), each pair with its own exact interval (``compare``). A winner is
+    named only when every launch pair names the same one; the interval shown runs from the
+    lowest pair's low end to the highest pair's high end, so it covers what every launch
+    said, launch-to-launch spread included; the ratio is the Hodges-Lehmann estimate over
+    the within-launch pairs of trials (trials of different launches are never differenced:
+    that would mix one launch's luck into the other's). A pair with too few trials for an
+    interval leaves the whole verdict without one. Launches only one side has are left out
+    (a variant whose later launch failed); with no launch in common, all trials are pooled,
+    which is all one launch per side can say.
+    """
+    common = sorted(set(baseline) & set(variant))
+    if common:
+        pairs = [(baseline[i], variant[i]) for i in common]
+    else:
+        pairs = [
+            ([x for vals in baseline.values() for x in vals], [x for vals in variant.values() for x in vals])
+        ]
+    verdicts = [
+        compare(metric, b, v, higher_is_better=higher_is_better, confidence=confidence) for b, v in pairs
+    ]
+    if not verdicts or any(r is None for r in verdicts):
+        return None
+    each = [r for r in verdicts if r is not None]
+    if len(each) == 1:
+        return each[0]
+    diffs = [math.log(y) - math.log(x) for b, v in pairs for x in b for y in v]
+    lows, highs = [r.ci_low for r in each], [r.ci_high for r in each]
+    said = {r.verdict for r in each}
+    verdict = each[0].verdict if len(said) == 1 else "no clear difference"
+    return Verdict(
+        metric=metric,
+        ratio=math.exp(statistics.median(diffs)),
+        ci_low=None if None in lows else min(x for x in lows if x is not None),
+        ci_high=None if None in highs else max(x for x in highs if x is not None),
+        verdict=verdict,
+        confidence=confidence,
+        n_baseline=sum(r.n_baseline for r in each),
+        n_variant=sum(r.n_variant for r in each),
+        launches=len(each),
+    )

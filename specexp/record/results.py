@@ -109,6 +109,7 @@ class Verdict(_Model):
     confidence: float = 0.95
     n_baseline: int = 0
     n_variant: int = 0
+    launches: int = 1  # launch pairs behind it; every one must name the winner (measure.stats)
 
 
 class CaseResult(_Model):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from checkpoints_tools import matching, modules
 from checkpoints_tools.cli import main
 from checkpoints_tools.fix import apply_fix, hf_overrides, rollback
 from checkpoints_tools.header import read_checkpoint
+from checkpoints_tools.quant_config import Format
 from checkpoints_tools.scan import OVER_IGNORED, UNQUANTIZED, scan
 from tests.fixtures.checkpoints import glm_like, qwen3_next_like
 
@@ -39,10 +41,10 @@ def files(d: Path) -> dict[str, bytes]:
 )
 def test_scan_finds_the_bf16_mtp_layer_and_emits_golden_patterns(
     tmp_path: Path,
-    build,
-    fmt: str,
+    build: Callable[[Path], object],
+    fmt: Format,
     mtp_layer: str,
-    golden: list[str],  # type: ignore[no-untyped-def]
+    golden: list[str],
 ) -> None:
     build(tmp_path)
     r = scan(tmp_path)
@@ -56,13 +58,15 @@ def test_scan_finds_the_bf16_mtp_layer_and_emits_golden_patterns(
     # the patterns match every flagged module, and every other module they match is stored unquantized
     linear = {n: m for n, m in modules.group(read_checkpoint(tmp_path)).items() if m.linear}
     flagged = {p.module for p in r.problems}
-    matched = {n for n in linear if matching.is_ignored(r.format, n, r.fix_patterns)}  # type: ignore[arg-type]
+    matched = {n for n in linear if matching.is_ignored(fmt, n, r.fix_patterns)}
     assert flagged <= matched
     assert all(not linear[n].quantized for n in matched)
     assert all(n.startswith(mtp_layer) for n in matched)
 
 
-def test_fix_appends_to_both_nested_lists_with_backup_and_is_idempotent(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_fix_appends_to_both_nested_lists_with_backup_and_is_idempotent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     glm_like(tmp_path, nested=True)
     original = files(tmp_path)
     assert main(["fix", str(tmp_path)]) == 0
@@ -108,7 +112,9 @@ def test_quantized_module_inside_an_excluded_one_is_flagged(tmp_path: Path) -> N
     assert main(["fix", str(tmp_path)]) == 1  # cannot be fixed by appending
 
 
-def test_hf_overrides_carry_the_whole_config_with_patterns_appended(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_hf_overrides_carry_the_whole_config_with_patterns_appended(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     glm_like(tmp_path)
     before = files(tmp_path)
     assert main(["fix", str(tmp_path), "--emit", "hf-overrides"]) == 0
@@ -165,9 +171,9 @@ def test_compiled_matcher_answers_exactly_as_the_format_rules() -> None:
     ]
     for fmt in ("modelopt", "compressed-tensors"):
         for patterns in pattern_sets:
-            compiled = matching.ignore_matcher(fmt, patterns)  # type: ignore[arg-type]
+            compiled = matching.ignore_matcher(fmt, patterns)
             for name in names:
-                assert compiled(name) == matching.is_ignored(fmt, name, patterns), (fmt, patterns, name)  # type: ignore[arg-type]
+                assert compiled(name) == matching.is_ignored(fmt, name, patterns), (fmt, patterns, name)
 
 
 def test_fix_and_rollback_keep_the_config_file_mode(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from specexp.config.compose import plan_sweep
 from specexp.errors import ConfigError
 
 
-def labels(overrides: list[str], **kw: object) -> list[str]:
-    return [v.label for v in plan_sweep(overrides, **kw)]  # type: ignore[arg-type]
+def labels(overrides: list[str], with_baseline: bool | None = None) -> list[str]:
+    return [v.label for v in plan_sweep(overrides, with_baseline)]
 
 
 def test_depth_sweep_adds_one_baseline_and_falls_back_to_ngram() -> None:
@@ -34,7 +34,8 @@ def test_cartesian_product_in_command_line_order_with_a_baseline_per_configurati
     ]
     by_hash = {v.hash: v for v in base}
     for v in spec:
-        b = by_hash[v.baseline_hash]  # type: ignore[index]
+        assert v.baseline_hash is not None
+        b = by_hash[v.baseline_hash]
         assert b.config.attention.backend == v.config.attention.backend
         assert b.config.server.block_size == v.config.server.block_size
     assert len({v.hash for v in variants}) == 12

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -40,7 +41,7 @@ def _server_pids(marker: str, base_url: str) -> list[psutil.Process]:
     return out
 
 
-def _watch(sweep_dir: Path, label_part: str, timeout: float) -> dict:  # type: ignore[type-arg]
+def _watch(sweep_dir: Path, label_part: str, timeout: float) -> dict[str, Any]:
     """The launch.json of a variant once its server answers and a trial has been measured."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,7 +51,7 @@ def _watch(sweep_dir: Path, label_part: str, timeout: float) -> dict:  # type: i
             if started and req.exists():
                 launch = json.loads(req.read_text())
                 if not launch["base_url"].endswith(":0"):
-                    return launch  # type: ignore[no-any-return]
+                    return launch
         time.sleep(0.2)
     raise AssertionError(f"{label_part} never came up")
 

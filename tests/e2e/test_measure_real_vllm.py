@@ -18,8 +18,8 @@ from specexp.launch.local import LocalLauncher
 from specexp.launch.plan import build_plan
 from specexp.measure import prometheus
 from specexp.measure.client import chat_payload, session, stream_chat
-from specexp.measure.runner import VariantBench, _case_result
-from specexp.record.results import RequestRecord, TrialRecord
+from specexp.measure.runner import VariantBench
+from specexp.record.results import CaseResult, RequestRecord
 from tests.helpers import require_vllm
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ def test_reasoning_stream_and_server_cross_check_on_real_vllm(tmp_path: Path) ->
     with LocalLauncher(build_plan(variant), tmp_path / "server.log", ready_timeout_s=600) as launcher:
         endpoint = launcher.wait_ready()
 
-        async def go() -> tuple[RequestRecord, float, list[TrialRecord]]:
+        async def go() -> tuple[RequestRecord, float, CaseResult]:
             async with session(300) as client:
                 thinking = await stream_chat(
                     client,
@@ -64,9 +64,9 @@ def test_reasoning_stream_and_server_cross_check_on_real_vllm(tmp_path: Path) ->
                 # compiled before the first trial instead of inside it
                 warmed = await prometheus.scrape(control, endpoint.metrics_url)
                 await vb.run_trial(1)
-            return thinking, warmed.drafts, vb.trials["single"]
+            return thinking, warmed.drafts, vb.results()["single"]
 
-        thinking, warm_drafts, trials = asyncio.run(go())
+        thinking, warm_drafts, case = asyncio.run(go())
         assert warm_drafts > 0
 
     # the whole answer came as reasoning: timed, kept, not a "no content" failure
@@ -76,12 +76,11 @@ def test_reasoning_stream_and_server_cross_check_on_real_vllm(tmp_path: Path) ->
     # the parser counts reasoning by special token ids and finds none: the client estimates, and says so
     assert thinking.reasoning_tokens_source == "estimate"
 
-    (trial,) = trials
+    (trial,) = case.trials
     assert trial.ok and all(r.ok for r in trial.requests)
     m = trial.metrics
     assert m["server_decode_tok_s"] > 0 and m["server_inv_tpot_tok_s"] > 0
     assert abs(m["client_server_gap"]) < 0.05, m  # the client's windows are the server's
     assert trial.acceptance is not None and trial.acceptance.drafts > 0
     assert trial.acceptance.consistent, trial.acceptance.inconsistency
-    case = _case_result("single", bench.cases["single"], trials)
     assert case.server_disagreements == 0 and case.acceptance_inconsistent == 0 and case.failed_trials == 0

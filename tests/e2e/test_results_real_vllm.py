@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +40,7 @@ def _digest(folder: Path) -> dict[str, str]:
     }
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -158,7 +160,7 @@ def _chromium(url: str, out: Path, screenshot: Path) -> str:
     return dom.stdout
 
 
-def _ui_shows_the_sweep(workdir: Path, sweep: dict, labels: list[str]) -> None:  # type: ignore[type-arg]
+def _ui_shows_the_sweep(workdir: Path, sweep: dict[str, Any], labels: list[str]) -> None:
     """``python -m specexp ui`` as the README writes it: the compare page of the latest sweep
     shows the variants, the param that differs, a metric; the parent run shows the plots."""
     SCREENSHOTS.mkdir(exist_ok=True)

@@ -223,7 +223,7 @@ class FakeGpustack:
         if model is None:
             return self._error(404, "Model not found")
         body = self.requests[-1][2]
-        dropped = {}
+        dropped: dict[str, object] = {}
         if body.get("backend") != "Custom":
             for key in self.scenario.drop_on_put:
                 if model.get(key) or self.scenario.drop_always:

@@ -125,7 +125,9 @@ class Health(http.server.BaseHTTPRequestHandler):
             self._empty(200)
             return
         log(f"REQUEST {time.time():.6f}")
-        events = [{"choices": [{"index": 0, "delta": {"content": f"word{i} "}}]} for i in range(4)]
+        events: list[dict[str, object]] = [
+            {"choices": [{"index": 0, "delta": {"content": f"word{i} "}}]} for i in range(4)
+        ]
         events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         events.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4}})
         body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"

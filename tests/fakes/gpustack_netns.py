@@ -36,7 +36,7 @@ def as_postgres(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
     """PostgreSQL refuses to run as root; run it as the ``postgres`` user, without a
     wrapper process in between (signals then reach the server itself)."""
     pg = pwd.getpwnam("postgres")
-    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+    return subprocess.Popen(  # type: ignore[call-overload]
         argv, user=pg.pw_uid, group=pg.pw_gid, extra_groups=[], cwd="/", **kw
     )
 

@@ -59,8 +59,8 @@ class Script:
         decode = last_s - first_s
         if self.drafts_from is not None and self.requests >= self.drafts_from:
             drafts = tokens // 2  # k = 3 drafts per step, the first token of each accepted
-            for key, value in (("drafts", drafts), ("draft_tokens", 3 * drafts), ("accepted", drafts)):
-                c[key] = c.get(key, 0.0) + value
+            for key, count in (("drafts", drafts), ("draft_tokens", 3 * drafts), ("accepted", drafts)):
+                c[key] = c.get(key, 0.0) + count
         self.requests += 1
         for name, value in (
             ("generation_tokens_total", tokens),

@@ -76,7 +76,9 @@ def test_ready_records_phases_and_stop_leaves_no_process(tmp_path: Path) -> None
         assert {"weight_load_s", "engine_spawn_s", "kv_cache_warmup_s"} <= set(ln.startup.phases)
         assert alive(worker)
         assert ln.substitutions == ["Cannot use AttentionBackendEnum.FLASHINFER backend on CPU"]
-        rpc = Path(re.search(r"RPC_DIR=(\S+)", log.read_text()).group(1))  # type: ignore[union-attr]
+        found = re.search(r"RPC_DIR=(\S+)", log.read_text())
+        assert found is not None
+        rpc = Path(found.group(1))
         assert rpc.is_dir() and rpc.name.startswith("specexp-rpc-")
     assert not rpc.exists()  # vLLM's IPC sockets go with the server
     assert leader is not None

@@ -51,8 +51,8 @@ def variant(
     return v
 
 
-def launcher(c: Cluster, log_dir: Path, *extra: str, **kw: object) -> MultinodeLauncher:
-    v = variant(c, *extra, **kw)  # type: ignore[arg-type]
+def launcher(c: Cluster, log_dir: Path, *extra: str, gloo: bool = True) -> MultinodeLauncher:
+    v = variant(c, *extra, gloo=gloo)
     ln = create_launcher(build_plan(v, resolve_model=False), v.config.launcher, log_dir)
     assert isinstance(ln, MultinodeLauncher)
     return ln
@@ -107,9 +107,9 @@ def test_starts_every_node_over_ssh_logs_each_and_stops_all(two: Cluster, tmp_pa
         assert any("node0" in s and "node1" in s for s in seen)  # the progress line names each node
         assert len(group_members(two, ln)) >= 4  # both nodes: server + forked worker
         # the follower got its rank and --headless, its env came through SSH
-        args = psutil.Process(ln.pgids[1]).cmdline()  # type: ignore[arg-type]
+        args = psutil.Process(ln.pgids[1]).cmdline()
         assert "--headless" in args and "--node-rank=1" in args
-        env = psutil.Process(ln.pgids[1]).environ()  # type: ignore[arg-type]
+        env = psutil.Process(ln.pgids[1]).environ()
         assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["VLLM_HOST_IP"] == two.nodes[1].address
         ln.move_logs(tmp_path / "moved")
         assert (tmp_path / "moved" / "node1.log").read_text().startswith(follower)

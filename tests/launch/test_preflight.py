@@ -4,11 +4,12 @@ import json
 from pathlib import Path
 
 from specexp.config.compose import plan_sweep
+from specexp.config.variant import Variant
 from specexp.launch.preflight import check_checkpoint
 from tests.fixtures.checkpoints import glm_like
 
 
-def mtp_variant(path: Path, *extra: str):  # type: ignore[no-untyped-def]
+def mtp_variant(path: Path, *extra: str) -> Variant:
     (v,) = plan_sweep([f"model.path={path}", "model.has_mtp=true", "spec=mtp", *extra], with_baseline=False)
     return v
 

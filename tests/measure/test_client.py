@@ -72,6 +72,7 @@ def test_the_window_runs_from_the_first_to_the_last_chunk_carrying_choices() -> 
     assert rec.ttft_s == pytest.approx(0.050)
     assert rec.latency_s == pytest.approx(0.130)  # ends at the finish chunk, not at the usage
     assert rec.itl_s == pytest.approx([0.0, 0.020, 0.030, 0.030])
+    assert rec.latency_s is not None and rec.ttft_s is not None
     assert rec.latency_s - rec.ttft_s == pytest.approx(sum(rec.itl_s))
 
 

@@ -29,7 +29,7 @@ from tests.launch.test_local import fake_plan
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench(*overrides: str):  # type: ignore[no-untyped-def]
+def _bench(*overrides: str) -> BenchConfig:
     (variant,) = plan_sweep(
         [
             "spec=none",
@@ -60,7 +60,7 @@ def _baseline(value: float, trials: int, cases: dict[str, int]) -> VariantResult
     )
 
 
-def _run(tmp_path: Path, bench, baseline: VariantResult | None) -> dict[str, CaseResult]:  # type: ignore[no-untyped-def]
+def _run(tmp_path: Path, bench: BenchConfig, baseline: VariantResult | None) -> dict[str, CaseResult]:
     with LocalLauncher(fake_plan("serve"), tmp_path / "server.log", ready_timeout_s=30) as launcher:
         endpoint = launcher.wait_ready()
         return asyncio.run(measure(endpoint, bench, None, baseline))
@@ -185,7 +185,12 @@ def test_the_loop_check_runs_after_the_window_is_timed(
 
 def test_reasoning_text_goes_through_the_loop_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    monkeypatch.setattr(runner, "is_looping", lambda text: seen.append(text) or True)
+
+    def looping(text: str) -> bool:
+        seen.append(text)
+        return True
+
+    monkeypatch.setattr(runner, "is_looping", looping)
     rec = RequestRecord(index=0, start_s=0, reasoning_text="think think", text="answer")
     runner.check_loops([rec])
     assert rec.looping and "think think" in seen[0] and "answer" in seen[0]

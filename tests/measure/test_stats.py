@@ -8,8 +8,10 @@ import statistics
 import pytest
 
 from specexp.measure.prometheus import ServerWindow
+from specexp.measure.runner import undecided
 from specexp.measure.stats import (
     _trim,
+    across_launches,
     attach_verdicts,
     case_verdict,
     compare,
@@ -276,7 +278,8 @@ def test_a_case_whose_outputs_loop_gets_no_winner_unless_loops_are_trusted() -> 
     attach_verdicts(result, baseline)
     assert result.cases["c"].verdict is not None and result.cases["c"].verdict.verdict == "not trusted"
     attach_verdicts(result, baseline, trust_loops=True)
-    assert result.cases["c"].verdict is not None and result.cases["c"].verdict.verdict == "better"
+    trusted = result.cases["c"].verdict  # a new Verdict: the narrowing above no longer holds
+    assert trusted is not None and trusted.verdict == "better"
 
 
 def test_server_metrics_compare_totals_of_the_same_requests() -> None:
@@ -311,3 +314,80 @@ def test_the_logged_ratio_is_the_hodges_lehmann_one_and_lies_inside_its_interval
     )
     verdict = case_verdict(var, base)
     assert verdict is not None and verdict.ratio == v.ratio
+
+
+def _launched(launches: list[list[float]]) -> CaseResult:
+    """A case whose trials were measured over several server launches (numbered on)."""
+    trials = [
+        TrialRecord(
+            case="c", trial=i, launch=launch, duration_s=1.0, requests=[], metrics={"decode_tok_s": v}
+        )
+        for i, (launch, v) in enumerate((n, v) for n, values in enumerate(launches) for v in values)
+    ]
+    return CaseResult(case="c", concurrency=1, trials=trials, summary={})
+
+
+STEADY = [100.0, 101.0, 99.0, 100.5, 99.5]
+
+
+def test_a_winner_must_hold_in_every_launch_not_in_the_pooled_trials() -> None:
+    # launch 0 of the variant came up 10 % faster, launch 1 within noise of the baseline:
+    # pooled, the ten trials call it better; launch by launch, only one launch does
+    faster, same = [110.0, 111.0, 109.0, 110.5, 109.5], [101.0, 100.0, 102.0, 99.8, 100.7]
+    pooled = compare("decode_tok_s", STEADY * 2, faster + same)
+    assert pooled is not None and pooled.verdict == "better"  # what pooling said
+    v = case_verdict(_launched([faster, same]), _launched([STEADY, STEADY]))
+    assert v is not None and v.verdict == "no clear difference" and v.launches == 2
+    assert (v.n_baseline, v.n_variant) == (10, 10)
+    # the interval covers what each launch pair said: lowest low to highest high
+    first, second = compare("decode_tok_s", STEADY, faster), compare("decode_tok_s", STEADY, same)
+    assert first is not None and second is not None and first.verdict == "better"
+    assert v.ci_low == min(first.ci_low or 0, second.ci_low or 0)
+    assert v.ci_high == max(first.ci_high or 0, second.ci_high or 0)
+    assert v.ci_low is not None and v.ci_high is not None and v.ci_low <= v.ratio <= v.ci_high
+    # the adaptive trials see the same verdict: the case is still open
+    assert undecided({"c": _launched([faster, same])}, {"c": _launched([STEADY, STEADY])}, 0.95) == ["c"]
+
+
+def test_launches_that_all_agree_name_the_winner() -> None:
+    faster = [[110.0, 111.0, 109.0, 110.5, 109.5], [108.0, 109.0, 107.5, 108.5, 109.2]]
+    v = case_verdict(_launched(faster), _launched([STEADY, [s * 1.02 for s in STEADY]]))
+    assert v is not None and v.verdict == "better" and v.launches == 2
+    slower = case_verdict(_launched([STEADY, [s * 1.02 for s in STEADY]]), _launched(faster))
+    assert slower is not None and slower.verdict == "worse"
+    # the ratio is over trials of the same launch pair, never across launches
+    within = [
+        y / x for b, f in zip([STEADY, [s * 1.02 for s in STEADY]], faster, strict=True) for x in b for y in f
+    ]
+    assert v.ratio == pytest.approx(statistics.median(within))
+
+
+def test_one_launch_each_is_the_plain_comparison_and_unpaired_launches_are_left_out() -> None:
+    faster = [110.0, 111.0, 109.0, 110.5, 109.5]
+    one = case_verdict(_launched([faster]), _launched([STEADY]))
+    assert one == compare("decode_tok_s", STEADY, faster)
+    # the variant's second launch failed to start: its first is compared with the baseline's first
+    v = case_verdict(_launched([faster]), _launched([STEADY, [50.0] * 5]))
+    assert v == compare("decode_tok_s", STEADY, faster)
+    # a launch pair with too few trials for an interval leaves the verdict without one
+    short = case_verdict(_launched([faster, faster[:3]]), _launched([STEADY, STEADY[:3]]))
+    assert short is not None and short.ci_low is None and short.verdict == "no clear difference"
+
+
+def test_launch_to_launch_luck_names_fewer_false_winners_than_pooling() -> None:
+    # identical configs whose every launch is off by its own 3 % (trials within 1 %)
+    rng = random.Random(7)
+    pooled = nested = 0
+    runs = 400
+    for _ in range(runs):
+        b, v = {}, {}
+        for i in range(2):
+            ob, ov = rng.gauss(0, 0.03), rng.gauss(0, 0.03)
+            b[i] = [100 * (1 + ob + rng.gauss(0, 0.01)) for _ in range(5)]
+            v[i] = [100 * (1 + ov + rng.gauss(0, 0.01)) for _ in range(5)]
+        p = compare("x", b[0] + b[1], v[0] + v[1])
+        n = across_launches("x", b, v)
+        assert p is not None and n is not None
+        pooled += p.verdict != "no clear difference"
+        nested += n.verdict != "no clear difference"
+    assert nested < 0.7 * pooled

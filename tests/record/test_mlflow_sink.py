@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from specexp.config.compose import plan_sweep
 from specexp.config.sweep_plan import SweepPlan
@@ -8,7 +9,12 @@ from specexp.record.mlflow_sink import MlflowRecorder, variant_metrics
 from specexp.record.results import CaseResult, Summary, SweepResult, VariantResult, Verdict
 
 
-def result(label: str, tok_s: float, status: str = "ok", ratio: float | None = None) -> VariantResult:
+def result(
+    label: str,
+    tok_s: float,
+    status: Literal["ok", "failed", "interrupted"] = "ok",
+    ratio: float | None = None,
+) -> VariantResult:
     case = CaseResult(
         case="single",
         concurrency=1,
@@ -27,7 +33,7 @@ def result(label: str, tok_s: float, status: str = "ok", ratio: float | None = N
         variant_hash="h",
         is_baseline=False,
         overrides=[],
-        status=status,  # type: ignore[arg-type]
+        status=status,
         ready_s=25.0,
         startup_phases={"weight_load_s": 0.6},
         cases={"single": case},

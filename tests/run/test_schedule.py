@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 from specexp.config.compose import plan_sweep
 from specexp.launch.local import LocalLauncher
 from specexp.measure.runner import VariantBench
@@ -71,7 +73,9 @@ def test_interleaved_goes_on_when_one_server_fails_to_start(tmp_path: Path) -> N
     assert json.loads((tmp_path / "1" / "result.json").read_text())["status"] == "failed"
 
 
-def test_interleaved_goes_on_when_one_server_dies_mid_measurement(tmp_path: Path) -> None:
+def test_interleaved_goes_on_when_one_server_dies_mid_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only the variant whose server died fails, with the server's reason; the trials it had
     finished are kept; the other variant measures all its trials."""
     variants = plan_sweep(["spec=ngram", "bench.trials=3", "bench.order=interleaved", *SMALL])
@@ -88,7 +92,7 @@ def test_interleaved_goes_on_when_one_server_dies_mid_measurement(tmp_path: Path
                 time.sleep(0.01)
         original(vb)
 
-    victim.check_alive = kill_after_first  # type: ignore[method-assign]
+    monkeypatch.setattr(victim, "check_alive", kill_after_first)
     schedule.interleaved(sessions, lambda _s: None, freeze=False)
     base, spec = (s.result for s in sessions)
     assert base.status == "ok" and len(base.cases["single"].trials) == 3

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from rich.console import Console
 
 from specexp.config.compose import plan_sweep
 from specexp.config.sweep_plan import SweepPlan
@@ -110,9 +111,7 @@ def test_a_sweep_rejected_by_validation_stops_the_early_server_and_leaves_nothin
     assert not list(temp.iterdir())
 
 
-def _quiet():  # type: ignore[no-untyped-def]
-    from rich.console import Console
-
+def _quiet() -> Console:
     return Console(file=open(os.devnull, "w"))
 
 
