@@ -28,7 +28,7 @@ REAL = [
     "spec=none",
     "launcher.device=cpu",
     "launcher.master_port=0",
-    "launcher.ready_timeout_s=240",
+    "launcher.ready_timeout_s=600",
     "launcher.stop_timeout_s=15",
     "server.tensor_parallel_size=2",
 ]
@@ -113,7 +113,7 @@ def test_a_follower_killed_during_a_real_startup(tmp_path: Path) -> None:
         with pytest.raises(LaunchError) as info, ln:
             wait_until(
                 lambda: "Initializing a V1 LLM engine" in ln.logs()["node1"].read_text(),
-                120,
+                600,
                 "node1 to start",
             )
             follower = ln.pgids[1]
