@@ -184,13 +184,15 @@ def _greedy(doc: dict[str, Any]) -> dict[str, list[GreedyOutput]]:
     }
 
 
-def reach(order: list[str], grid: dict[str, Any], case: str) -> int | None:
-    """Starts until the best-so-far (by what was measured) is within 3 % of the grid's best."""
+def reach(order: list[str], grid: dict[str, Any], case: str, own: dict[str, Any] | None = None) -> int | None:
+    """Starts until the method's pick (its best-so-far by its own measurements, ``own``;
+    the grid's for a replay) is within 3 % of the grid's best, judged by the grid."""
+    own = own or grid
     best_true = max(_fig(v, case) for v in grid.values())
     seen: list[str] = []
     for n, key in enumerate(order, 1):
         seen.append(key)
-        pick = max(seen, key=lambda k: _fig(grid[k], case))
+        pick = max(seen, key=lambda k: _fig(own[k], case))
         if _fig(grid[pick], case) >= (1 - WITHIN) * best_true:
             return n
     return None
@@ -200,6 +202,15 @@ def _wall(order: list[str], grid: dict[str, Any], n: int | None) -> float | None
     if n is None:
         return None
     return sum(float(grid[k]["wall_s"] or 0) for k in order[:n])
+
+
+def _real_wall(data: dict[str, Any], n: int | None) -> float | None:
+    """Wall time of the real run from its start to the end of its n-th server start's trial."""
+    trials = [t for t in data.get("model_trials", []) if t["start"]]
+    started = [t for t in trials if t["started"] and t["end"]]
+    if n is None or len(started) < n or not trials:
+        return None
+    return float(started[n - 1]["end"] - min(t["start"] for t in trials))
 
 
 def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]:
@@ -232,7 +243,8 @@ def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]
                 strategy=strategy,
                 seed=seed,
             )
-            run_tune(plan, Console(file=open(os.devnull, "w")), runner=runner, validate=False)  # noqa: SIM115
+            with open(os.devnull, "w") as sink:
+                run_tune(plan, Console(file=sink), runner=runner, validate=False)
     return order
 
 
@@ -357,8 +369,9 @@ def analyze(data: dict[str, Any], seeds: int) -> None:
     for name, order in (("specexp tune (real run)", real), ("specexp tune (replayed)", spec_order)):
         if not order:
             continue
-        ns = [reach(order, grid, c) for c in OBJECTIVES]
-        walls = [_wall(order, grid, n) for n in ns]
+        own = data.get("model_runs") if order is real else None
+        ns = [reach(order, grid, c, own) for c in OBJECTIVES]
+        walls = [_real_wall(data, n) if order is real else _wall(order, grid, n) for n in ns]
         rows.append(
             [name, *[str(n) for n in ns], *[f"{w:.0f}" if w else "–" for w in walls], str(len(order))]
         )

@@ -171,7 +171,13 @@ def _value(item: str) -> Any:
 
 
 def experiment_yaml(
-    variant: Variant, *, study: str, trial: int, schedule: Schedule | None, figures: dict[str, float]
+    variant: Variant,
+    *,
+    study: str,
+    trial: int,
+    schedule: Schedule | None,
+    figures: dict[str, float],
+    depth: int | None = None,
 ) -> str:
     """``conf/experiment/NAME.yaml`` for a variant: config groups it selects as default
     overrides, dotted keys as values; measurement settings (bench, suite) stay out."""
@@ -196,8 +202,9 @@ def experiment_yaml(
     spec = variant.config.spec
     if spec.method != "none":
         node = body.setdefault("spec", {})
-        node["depth"] = max(schedule.depths) if schedule is not None and schedule.varies else spec.depth
-        if schedule is not None and schedule.varies:
+        # vLLM clamps every scheduled depth to num_speculative_tokens: it is the deepest one
+        node["depth"] = max(schedule.depths) if schedule is not None else (depth or spec.depth)
+        if schedule is not None:
             node.setdefault("extra", {})["num_speculative_tokens_per_batch_size"] = schedule.ranges
     doc: dict[str, Any] = {}
     if defaults:
@@ -209,7 +216,7 @@ def experiment_yaml(
         f"{datetime.now(UTC):%Y-%m-%d}.",
         "# Measured: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()),
     ]
-    if schedule is not None and schedule.varies:
+    if schedule is not None:
         per = "; ".join(
             f"{c} stream(s): depth {d} ({m} {v:.1f})"
             for c, (d, v, m) in sorted(schedule.by_concurrency.items())

@@ -262,6 +262,7 @@ class _Null:
 
     def start_sweep(self, sweep: SweepResult, plan: SweepPlan, folder: Path) -> None: ...
     def start_variant(self, variant: Variant, result: VariantResult, folder: Path) -> None: ...
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None: ...
     def tag(self, variant: Variant, key: str, value: str) -> None: ...
     def finish_variant(
         self, variant: Variant, result: VariantResult, baseline: VariantResult | None, folder: Path
@@ -288,6 +289,12 @@ class TrialRecorder:
         self.inner.tag(variant, "specexp.study", self.study)
         self.inner.tag(variant, "specexp.trial", str(self.number))
         self.inner.tag(variant, "specexp.role", self.role)
+
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None:
+        """Forwarded where the recorders know the event (the server started, its ports)."""
+        forward = getattr(self.inner, "launched", None)
+        if forward is not None:
+            forward(variant, result, folder)
 
     def tag(self, variant: Variant, key: str, value: str) -> None:
         self.inner.tag(variant, key, value)
@@ -1006,50 +1013,52 @@ class Conclusion:
 
 
 def conclude(tuner: Tuner, write_experiment: str | None) -> Conclusion:
+    """The recommendation: the best feasible trial on the first objective; when depth was
+    searched, the per-concurrency depth schedule among the runs that differ from it only in
+    depth (no speculation is depth 0), and the experiment that runs it."""
     from specexp.tune import report
 
     best = report.recommended(tuner.study, tuner.plan.objectives)
-    if best is None:
-        return Conclusion(None, None, None, None, None)
-    anchor = tuner.candidates.get(_attr(best, "hash"))
-    if anchor is None:
+    cand = tuner.candidates.get(_attr(best, "hash")) if best is not None else None
+    if best is None or cand is None:
         return Conclusion(best, None, None, None, None)
     tuner.load_trials()
-    schedule = None
-    comparison = None
+    chosen, depth, schedule, comparison = cand.variant, None, None, None
     if tuner.plan.space.param("spec.depth") is not None:
-        spec_anchor = anchor
-        if (
-            anchor.variant.is_baseline
-        ):  # no speculation won the first objective: schedule the deepest method run
-            spec_anchor = next(
-                (
-                    c
-                    for h, c in tuner.candidates.items()
-                    if h in tuner.results and c.group == anchor.group and not c.variant.is_baseline
-                ),
-                anchor,
-            )
-        schedule = report.depth_schedule(spec_anchor, tuner.candidates, tuner.results)
-        if schedule is not None and schedule.varies:
-            anchor = spec_anchor
-            deepest = max(schedule.depths)
-            for c in tuner.candidates.values():
-                if (
-                    report._same_but_depth(anchor.variant, c.variant)
-                    and not c.variant.is_baseline
-                    and c.variant.config.spec.depth == deepest
-                ):
-                    anchor = c
-                    break
-        if schedule is not None:
-            comparison = report.compare_with_vllm(schedule, spec_anchor, tuner.candidates, tuner.results)
+        spec_cand = cand if not cand.variant.is_baseline else _best_speculative(tuner, cand.group)
+        if spec_cand is not None:
+            schedule = report.depth_schedule(spec_cand, tuner.candidates, tuner.results)
+        if spec_cand is not None and schedule is not None:
+            comparison = report.compare_with_vllm(schedule, spec_cand, tuner.candidates, tuner.results)
+            if schedule.depths == {0}:
+                chosen = spec_cand.baseline  # no speculation at any measured concurrency
+            else:
+                chosen, depth = spec_cand.variant, max(schedule.depths)
     figures = {o.name: v for o, v in zip(tuner.plan.objectives, best.values, strict=True)}
     text = report.experiment_yaml(
-        anchor.variant, study=tuner.plan.study, trial=best.number, schedule=schedule, figures=figures
+        chosen,
+        study=tuner.plan.study,
+        trial=best.number,
+        depth=depth,
+        schedule=schedule if schedule is not None and schedule.varies else None,
+        figures=figures,
     )
     path = report.write_experiment(write_experiment, text) if write_experiment else None
     return Conclusion(best, schedule, path, text, comparison)
+
+
+def _best_speculative(tuner: Tuner, group: str) -> Candidate | None:
+    """The measured speculative candidate of a group that is best on the first objective."""
+    o = tuner.plan.objectives[0]
+    found: tuple[float, Candidate] | None = None
+    for h, stored in tuner.results.items():
+        c = tuner.candidates.get(h)
+        if c is None or c.group != group or c.variant.is_baseline or stored.result.status != "ok":
+            continue
+        value = o.value(stored.result)
+        if value is not None and (found is None or o.better(value, found[0])):
+            found = (value, c)
+    return found[1] if found else None
 
 
 def run_tune(

@@ -227,19 +227,24 @@ def _fake_runner(order: list[int]) -> Any:
     return runner
 
 
+def replayed(strategy: str, n: int, order: list[int]) -> TuneOutcome:
+    """A search over depth 1-8 whose measurements come from the law above."""
+    with hydra_context():
+        plan = plan_tune(
+            ["spec=none,ngram", "spec.depth=range(1,9)", *FAST, "tracking=none"],
+            study=strategy,
+            n_trials=n,
+            strategy=strategy,
+        )
+        return run_tune(plan, quiet(), runner=_fake_runner(order), validate=False)
+
+
 def test_the_depth_model_finds_the_best_depth_in_three_starts(workdir: Path) -> None:
     _, truth, _ = _grid_results()
     best = max(range(1, 9), key=lambda k: truth[k])
     assert best not in (1, 8)  # the law has an interior optimum: the search must find it
     order: list[int] = []
-    with hydra_context():
-        plan = plan_tune(
-            ["spec=none,ngram", "spec.depth=range(1,9)", *FAST, "tracking=none"],
-            study="model",
-            n_trials=9,
-            strategy="model",
-        )
-        out = run_tune(plan, quiet(), runner=_fake_runner(order), validate=False)
+    out = replayed("model", 9, order)
     assert order == [0, 8, best]  # baseline, the calibration at the deepest depth, the predicted best
     study = out.tuner.study
     never = {c.variant.config.spec.depth: why for c, _, why in out.tuner.ruled_out()}
@@ -258,14 +263,7 @@ def test_the_depth_model_finds_the_best_depth_in_three_starts(workdir: Path) -> 
 
 def test_plain_tpe_gets_no_help_from_the_model(workdir: Path) -> None:
     order: list[int] = []
-    with hydra_context():
-        plan = plan_tune(
-            ["spec=none,ngram", "spec.depth=range(1,9)", *FAST, "tracking=none"],
-            study="tpe",
-            n_trials=4,
-            strategy="tpe",
-        )
-        out = run_tune(plan, quiet(), runner=_fake_runner(order), validate=False)
+    out = replayed("tpe", 4, order)
     assert order[0] == 0 and len(order) == 4
     assert not any(attr(t, "skipped") for t in out.tuner.study.trials)
 
