@@ -230,7 +230,7 @@ def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]
         stored = Stored(result, None, f"trial {trial.number}")
         if cand.variant.is_baseline and greedy is not None:
             tuner.model.add_greedy(cand.group, greedy)
-        tuner._learn(cand.variant.hash, stored)
+        tuner._learn(cand.key, stored)
         return stored
 
     with tempfile.TemporaryDirectory(prefix="specexp-tunecost-") as tmp:

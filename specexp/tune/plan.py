@@ -69,8 +69,10 @@ class TunePlan:
     def signature(self) -> dict[str, Any]:
         """What a resumed study must match (a different space or objective is another study)."""
         space = self.space.signature()
-        # where results and runs go may move between sessions (as a resumed sweep's)
-        space["fixed"] = [f for f in space["fixed"] if _key(f).split(".", 1)[0] not in ("tracking", "sweep")]
+        # where results and runs go may move between sessions (as a resumed sweep's), and
+        # each process of a shared study may launch on its own node group
+        local = ("tracking", "sweep", "launcher")
+        space["fixed"] = [f for f in space["fixed"] if _key(f).split(".", 1)[0] not in local]
         return {
             "space": space,
             "objectives": [f"{o.name}:{o.direction}" for o in self.objectives],

@@ -52,7 +52,7 @@ def measured(study: optuna.Study) -> list[FrozenTrial]:
     """COMPLETE trials (measured or reused), one per variant."""
     out, seen = [], set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        h = _attr(t, "hash")
+        h = _attr(t, "key")
         if h not in seen:
             seen.add(h)
             out.append(t)
@@ -276,7 +276,7 @@ def compare_with_vllm(
             cand = candidates.get(h)
             if cand is None or not _same_but_depth(anchor.variant, cand.variant):
                 continue
-            records = _bench_records(stored, h)
+            records = _bench_records(stored, cand.variant.hash)
             if records:
                 runs = min(runs, len(records)) if runs else len(records)
                 atomic_write_json(Path(tmp) / f"SERVE-{h}" / "summary.json", records)
@@ -360,7 +360,7 @@ def prediction_rows(tuner: Tuner) -> list[list[str]]:
         errors = _attr(t, "prediction_error") or {}
         if not predicted:
             continue
-        stored = tuner.results.get(_attr(t, "hash"))
+        stored = tuner.results.get(_attr(t, "key"))
         acc = _attr(t, "predicted_acceptance") or {}
         for o, got in zip(tuner.plan.objectives, t.values or [], strict=False):
             if o.name not in predicted:

@@ -50,7 +50,7 @@ from rich.console import Console
 from specexp.assets import embedded
 from specexp.config.compose import build_variant
 from specexp.config.sweep_plan import SweepPlan
-from specexp.config.variant import Variant
+from specexp.config.variant import Variant, config_hash
 from specexp.errors import ConfigError
 from specexp.launch.base import Endpoint, launcher_class
 from specexp.launch.plan import EMBEDDED_PREFIX, build_plan
@@ -64,6 +64,7 @@ from specexp.record.results import SweepResult, TrackingState, VariantResult
 from specexp.record.store import find_variant, load_runs, load_variant
 from specexp.run.variant import VariantSession, run_variant
 from specexp.tune import greedy
+from specexp.tune.claims import Claims
 from specexp.tune.depth_model import DepthModel, Prediction
 from specexp.tune.objectives import MEMORY_GATE, constraint_values, objective_values
 from specexp.tune.plan import TunePlan
@@ -156,9 +157,9 @@ def _sampler(plan: TunePlan) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=plan.seed)  # constraints: Trial.set_constraint
 
 
-def open_study(plan: TunePlan) -> tuple[optuna.Study, bool]:
+def open_study(plan: TunePlan) -> tuple[optuna.Study, bool, RDBStorage]:
     """Create the study or load it; a loaded one must have been made by the same search.
-    Returns the study and whether this process created it."""
+    Returns the study, whether this process created it, and its storage."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_for(plan.storage)
     directions = [o.direction for o in plan.objectives]
@@ -176,13 +177,13 @@ def open_study(plan: TunePlan) -> tuple[optuna.Study, bool]:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([o.name for o in plan.objectives])
         study.set_user_attr(A + "signature", want)
-        return study, True
+        return study, True, storage
     got = _wait_attr(study, A + "signature")
     if got is not None and got != want:
         raise ConfigError(f"study {plan.study!r} was made by another search: {_difference(want, got)}")
     if [d.name.lower() for d in study.directions] != directions:
         raise ConfigError(f"study {plan.study!r} optimizes other directions; start a new --study")
-    return study, False
+    return study, False, storage
 
 
 def _difference(want: dict[str, Any], got: dict[str, Any]) -> str:
@@ -326,6 +327,12 @@ def prediction_metrics(predicted: dict[str, float], result: VariantResult) -> di
 
 
 # -- the tuner --------------------------------------------------------------------------------
+def study_key(variant: Variant) -> str:
+    """A variant as the study knows it: its hash without the launcher section, so processes
+    on different node groups (each with its own launcher settings) share candidates."""
+    return config_hash({k: v for k, v in variant.resolved.items() if k != "launcher"}, variant.replica)
+
+
 @dataclass
 class Candidate:
     params: dict[str, Value]
@@ -333,8 +340,12 @@ class Candidate:
     baseline: Variant  # the same configuration without speculation (itself, for a baseline)
 
     @property
+    def key(self) -> str:
+        return study_key(self.variant)
+
+    @property
     def group(self) -> str:
-        return self.baseline.hash
+        return study_key(self.baseline)
 
 
 @dataclass
@@ -365,8 +376,10 @@ class Tuner:
         console: Console,
         folder: Path,
         runner: Runner | None = None,
+        claims: Claims | None = None,
     ) -> None:
         self.plan, self.study, self.console, self.folder = plan, study, console, folder
+        self.claims = claims
         self.runner: Runner = runner or Tuner._run
         self.model = DepthModel(plan.objectives, plan.config.bench.cases)
         self.candidates: dict[str, Candidate] = {}
@@ -402,7 +415,7 @@ class Tuner:
             variant = baseline
         cand = Candidate(dict(params), variant, baseline)
         self._by_params[key] = cand
-        self.candidates.setdefault(variant.hash, cand)
+        self.candidates.setdefault(cand.key, cand)
         return cand
 
     def all_candidates(self) -> list[Candidate] | None:
@@ -448,7 +461,7 @@ class Tuner:
         """Results of the study's finished trials (a resumed study, another process's), so
         the depth model and the baselines start from everything measured so far."""
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            h = _attr(t, "hash")
+            h = _attr(t, "key")
             if h and h not in self.results:
                 stored = self._load(t)
                 if stored is not None:
@@ -512,6 +525,7 @@ class Tuner:
         proc = psutil.Process()
         for key, value in {
             "hash": variant.hash,
+            "key": cand.key,
             "label": variant.label,
             "overrides": list(variant.overrides),
             "host": _this_host(),
@@ -520,7 +534,7 @@ class Tuner:
             "baseline": variant.is_baseline,
         }.items():
             trial.set_user_attr(A + key, value)
-        self._no_duplicate(trial, variant)
+        self._no_duplicate(trial, cand)
         if self._enough():
             raise optuna.TrialPruned("the study has its trials")
         baseline = None if variant.is_baseline else self._baseline_of(trial, cand)
@@ -540,21 +554,35 @@ class Tuner:
         stored = self._measure(trial, cand, baseline, prediction)
         return self._tell_values(trial, cand, stored, prediction)
 
-    def _no_duplicate(self, trial: optuna.Trial, variant: Variant) -> None:
-        """Claim the variant: the lowest trial number holding its hash measures it (a variant
-        that failed for good is not launched again either)."""
-        states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
-        for t in self.study.get_trials(deepcopy=False, states=states):
-            if t.number < trial.number and _attr(t, "hash") == variant.hash:
-                if t.state == TrialState.FAIL and _attr(t, "interrupted"):
-                    continue
-                how = {TrialState.COMPLETE: "measured", TrialState.FAIL: "failed"}.get(
-                    t.state, "being measured"
-                )
-                trial.set_user_attr(A + "duplicate_of", t.number)
-                msg = f"the same variant as trial {t.number} ({how} there)"
-                self._say(trial.number, variant.label, f"[dim]no start[/dim]: {msg}")
-                raise optuna.TrialPruned(msg)
+    def _no_duplicate(self, trial: optuna.Trial, cand: Candidate) -> None:
+        """Claim the candidate for this trial; a candidate another trial measured, failed
+        for good, or is measuring now is not started again."""
+        if self.claims is None:
+            return
+        holder = self.claims.claim(cand.key, trial.number, self._released)
+        if holder is None:
+            return
+        states = {t.number: t.state for t in self.study.get_trials(deepcopy=False)}
+        how = {TrialState.COMPLETE: "measured", TrialState.FAIL: "failed"}.get(
+            states.get(holder, TrialState.RUNNING), "being measured"
+        )
+        trial.set_user_attr(A + "duplicate_of", holder)
+        msg = f"the same variant as trial {holder} ({how} there)"
+        self._say(trial.number, cand.variant.label, f"[dim]no start[/dim]: {msg}")
+        raise optuna.TrialPruned(msg)
+
+    def _released(self, number: int) -> bool:
+        """Trial ``number`` will not measure its candidate: pruned, interrupted, failed and
+        queued again, or left RUNNING by a process of this machine that is gone."""
+        trials = self.study.get_trials(deepcopy=False)
+        t = next((x for x in trials if x.number == number), None)
+        if t is None or t.state == TrialState.PRUNED:
+            return True
+        if t.state == TrialState.FAIL:
+            return bool(_attr(t, "interrupted")) or number in _retried(trials)
+        if t.state == TrialState.RUNNING and _attr(t, "host") == _this_host() and _attr(t, "pid") is not None:
+            return not _process_alive(int(_attr(t, "pid")), _attr(t, "pid_started"))
+        return False
 
     def _enough(self) -> bool:
         return done_trials(self.study) >= self.plan.n_trials
@@ -562,13 +590,13 @@ class Tuner:
     def _baseline_of(self, trial: optuna.Trial, cand: Candidate) -> VariantResult:
         """The candidate's baseline result: known, measured by a trial of the study (waited
         for while it runs), or an earlier sweep's; else it is queued to run first."""
-        h = cand.baseline.hash
+        h = cand.group
         while True:
             if h in self.results and self.results[h].result.status == "ok":
                 return self.results[h].result
             running = None
             for t in self.study.get_trials(deepcopy=False):
-                if _attr(t, "hash") != h:
+                if _attr(t, "key") != h:
                     continue
                 if t.state == TrialState.COMPLETE:
                     stored = self._load(t)
@@ -582,7 +610,7 @@ class Tuner:
             self._say(trial.number, cand.variant.label, f"waits for its baseline (trial {running.number})")
             time.sleep(_POLL_S)
             recover(self.study, lambda _m: None)
-        found = find_variant(self.plan.results_dir, h)
+        found = find_variant(self.plan.results_dir, cand.baseline.hash)
         if found is not None:
             stored = Stored(found.result, found.folder, found.sweep)
             self._learn(h, stored)
@@ -590,7 +618,7 @@ class Tuner:
         failed = [
             t
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-            if _attr(t, "hash") == h
+            if _attr(t, "key") == h
         ]
         if failed and not any(_attr(t, "interrupted") for t in failed):
             msg = f"its baseline failed (trial {failed[-1].number}: {_attr(failed[-1], 'error')})"
@@ -653,8 +681,8 @@ class Tuner:
         self, trial: optuna.Trial, cand: Candidate, baseline: VariantResult | None, pred: Prediction | None
     ) -> Stored:
         variant = cand.variant
-        if variant.hash in self.results and self.results[variant.hash].result.status == "ok":
-            stored = self.results[variant.hash]
+        if cand.key in self.results and self.results[cand.key].result.status == "ok":
+            stored = self.results[cand.key]
             self._reuse(trial, cand, stored, pred, baseline)
             return stored
         found = find_variant(self.plan.results_dir, variant.hash)
@@ -696,7 +724,7 @@ class Tuner:
         folder = stored.folder or self.folder
         rec.start_variant(cand.variant, stored.result, folder)
         rec.finish_variant(cand.variant, stored.result, baseline, folder)
-        self._learn(cand.variant.hash, stored)
+        self._learn(cand.key, stored)
         self._say(
             trial.number, cand.variant.label, f"[cyan]reused[/cyan] (measured in {stored.source}), no start"
         )
@@ -730,9 +758,9 @@ class Tuner:
                 trial.set_user_attr(A + "run_id", run_id)
         stored = Stored(result, vdir, f"trial {trial.number}")
         if result.status == "ok":
-            self._learn(variant.hash, stored)
+            self._learn(cand.key, stored)
         else:
-            self.results[variant.hash] = stored
+            self.results[cand.key] = stored
         return stored
 
     def _wants_greedy(self, cand: Candidate) -> bool:
@@ -809,9 +837,9 @@ class Tuner:
         cand = self.candidate(params)
         for t in self.study.get_trials(deepcopy=False):
             retried = t.state == TrialState.FAIL and _attr(t, "interrupted")
-            if _attr(t, "hash") == cand.variant.hash and t.state != TrialState.PRUNED and not retried:
+            if _attr(t, "key") == cand.key and t.state != TrialState.PRUNED and not retried:
                 return False
-        self.study.enqueue_trial(params, user_attrs={A + "hash": cand.variant.hash, A + "queued_by": why})
+        self.study.enqueue_trial(params, user_attrs={A + "key": cand.key, A + "queued_by": why})
         return True
 
     def seed_queue(self) -> None:
@@ -866,10 +894,10 @@ class Tuner:
 
     def ruled_out(self) -> list[tuple[Candidate, Prediction, str]]:
         """Candidates of a finite space never started because the model ruled them out."""
-        settled = {_attr(t, "hash") for t in self.study.get_trials(deepcopy=False) if _attr(t, "started")}
+        settled = {_attr(t, "key") for t in self.study.get_trials(deepcopy=False) if _attr(t, "started")}
         out = []
         for c in self.all_candidates() or []:
-            if c.variant.is_baseline or c.variant.hash in settled or c.variant.hash in self.results:
+            if c.variant.is_baseline or c.key in settled or c.key in self.results:
                 continue
             pred = self.model.predict(c.group, c.variant.config.spec)
             why = self._ruled_out(c, pred) if pred is not None else None
@@ -883,12 +911,12 @@ class Tuner:
         if cands is None:
             return False
         settled = {
-            _attr(t, "hash")
+            _attr(t, "key")
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
             if not _attr(t, "interrupted")
         }
         for c in cands:
-            if c.variant.hash in settled:
+            if c.key in settled:
                 continue
             if self.plan.strategy == "model" and not c.variant.is_baseline:
                 pred = self.model.predict(c.group, c.variant.config.spec)
@@ -1019,7 +1047,7 @@ def conclude(tuner: Tuner, write_experiment: str | None) -> Conclusion:
     from specexp.tune import report
 
     best = report.recommended(tuner.study, tuner.plan.objectives)
-    cand = tuner.candidates.get(_attr(best, "hash")) if best is not None else None
+    cand = tuner.candidates.get(_attr(best, "key")) if best is not None else None
     if best is None or cand is None:
         return Conclusion(best, None, None, None, None)
     tuner.load_trials()
@@ -1076,9 +1104,9 @@ def run_tune(
     _check_inputs(plan)
     if runner is None:
         _build_models(plan, console)
-    study, created = open_study(plan)
+    study, created, storage = open_study(plan)
     folder = _folder(plan)
-    tuner = Tuner(plan, study, console, folder, runner)
+    tuner = Tuner(plan, study, console, folder, runner, Claims(storage.engine, plan.study))
     tuner.check_plans = validate
     cands = tuner.all_candidates()
     for note in plan.notes:

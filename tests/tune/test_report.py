@@ -114,7 +114,7 @@ def test_pareto_front_keeps_only_feasible_undominated_trials() -> None:
     rows = [((30, 80), {}), ((33, 75), {}), ((29, 79), {}), ((40, 90), {"regressions": 1.0})]
     for values, cons in rows:
         t = study.ask()
-        t.set_user_attr("specexp.hash", str(values))
+        t.set_user_attr("specexp.key", str(values))
         for key, value in cons.items():
             t.set_constraint(key, value)
         study.tell(t, list(values))
@@ -135,7 +135,7 @@ def test_optunas_plots_are_written(tmp_path: Path) -> None:
     for i in range(6):
         t = study.ask()
         t.suggest_int("spec.depth", 1, 8)
-        t.set_user_attr("specexp.hash", str(i))
+        t.set_user_attr("specexp.key", str(i))
         study.tell(t, [float(i), float(10 - i)])
     written = {p.name for p in report.write_plots(study, objs, tmp_path / "plots")}
     assert {"history-c1.decode_tok_s.png", "history-c4.output_tok_s.png", "pareto.png"} <= written

@@ -31,7 +31,7 @@ FAKE = REPO / "tests" / "fakes" / "fake_vllm_process.py"
 FAST = [
     f"launcher.vllm_command=[{sys.executable},{FAKE}]",
     "suite=none",
-    "bench.trials=2",
+    "bench.trials=1",
     "bench.warmup_requests=0",
     "bench.cases.single.num_prompts=1",
     "bench.cases.concurrent4.num_prompts=4",
@@ -143,7 +143,7 @@ def test_a_failed_launch_is_a_failed_trial_with_its_reason(
 def _study(workdir: Path, name: str) -> optuna.Study:
     with hydra_context():
         plan = plan_tune(["spec=none,ngram", "spec.depth=range(1,4)", *FAST], study=name, n_trials=3)
-    study, _ = open_study(plan)
+    study, _, _ = open_study(plan)
     return study
 
 
@@ -221,7 +221,7 @@ def _fake_runner(order: list[int]) -> Any:
         if k == 0:
             tuner.model.add_greedy(cand.group, greedy)
         stored = Stored(result, None, f"trial {trial.number}")
-        tuner._learn(cand.variant.hash, stored)
+        tuner._learn(cand.key, stored)
         return stored
 
     return runner
@@ -274,7 +274,7 @@ def test_a_variant_is_claimed_by_the_lowest_trial(workdir: Path) -> None:
         plan = plan_tune(
             ["spec=none,ngram", "spec.depth=range(1,3)", *FAST, "tracking=none"], study="dup", n_trials=3
         )
-        study, _ = open_study(plan)
+        study, _, _ = open_study(plan)
         study.enqueue_trial({"spec": "none"})
         study.enqueue_trial({"spec": "none"})
         out = run_tune(plan, quiet(), runner=_fake_runner(order), validate=False)
@@ -302,16 +302,24 @@ def test_two_processes_share_one_study_without_measuring_a_variant_twice(workdir
     ]
     # no vLLM validation (a fake server runs); the storage is shared through the workdir
     env = {**os.environ, "SPECEXP_WORKDIR": str(workdir), "SPECEXP_VLLM_VENV": str(workdir / "no-vllm")}
+    # each process with its own launcher settings (as one per node group would be)
     procs = [
-        subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for _ in range(2)
+        subprocess.Popen(
+            [*args, f"launcher.ready_timeout_s={600 + i}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
     ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
     trials = load(workdir, "shared").trials
-    started = [attr(t, "hash") for t in trials if attr(t, "started")]
+    started = [attr(t, "key") for t in trials if attr(t, "started")]
     assert len(started) == len(set(started)) == 6, [(t.number, t.state, attr(t, "label")) for t in trials]
     done = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len({attr(t, "hash") for t in done}) == len(done) == 6
+    assert len({attr(t, "key") for t in done}) == len(done) == 6
     pids = {attr(t, "pid") for t in trials if attr(t, "started")}
     assert len(pids) == 2  # both processes measured
