@@ -132,7 +132,7 @@ def collect(tmp: Path, walls: dict[str, float]) -> dict[str, Any]:
             grid[_key(result["label"])] = _slim(result)
     model_trials = _study_trials(tmp / "model", "model")
     greedy_doc = None
-    for t in model_trials:
+    for t in [*grid_trials, *model_trials]:  # the real tune's own, when it has them
         folder = Path(t["folder"]) if t["folder"] else None
         if folder is not None and t["label"] == "baseline" and (folder / "greedy.json").is_file():
             greedy_doc = json.loads((folder / "greedy.json").read_text())
