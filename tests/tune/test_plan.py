@@ -50,8 +50,7 @@ def test_the_command_line_wins_key_by_key(conf: Path) -> None:
 
 def test_a_bad_search_file_is_one_line(conf: Path) -> None:
     (conf / "search" / "bad.yaml").write_text("params:\n  spec.depth: range(1,9)\nn_trial: 5\n")
-    with pytest.raises(ConfigError, match=r"conf/search/bad.yaml: Key 'n_trial' not in 'SearchFile'"):
-        with hydra_context():
-            plan_tune([], search="bad")
+    with pytest.raises(ConfigError, match=r"bad.yaml: Key 'n_trial' not in 'SearchFile'"), hydra_context():
+        plan_tune([], search="bad")
     with pytest.raises(ConfigError, match="grid needs a finite space"), hydra_context():
         plan_tune(["server.gpu_memory_utilization=interval(0.5,0.9)"], strategy="grid")
