@@ -321,5 +321,6 @@ def test_two_processes_share_one_study_without_measuring_a_variant_twice(workdir
     assert len(started) == len(set(started)) == 6, [(t.number, t.state, attr(t, "label")) for t in trials]
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len({attr(t, "key") for t in done}) == len(done) == 6
-    pids = {attr(t, "pid") for t in trials if attr(t, "started")}
-    assert len(pids) == 2  # both processes measured
+    # both processes took trials from the study (how many each measured depends on timing;
+    # the race for one candidate itself is tested in test_claims.py)
+    assert len({attr(t, "pid") for t in trials}) == 2
