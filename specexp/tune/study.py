@@ -442,9 +442,6 @@ class Tuner:
         sweep_plan = SweepPlan.resolve(variants, name=self.folder.name)
         self.recorders.start_sweep(self.sweep, sweep_plan, self.folder)
 
-    def parent_state(self) -> TrackingState | None:
-        return self.sweep.tracking if self.sweep.tracking.parent_run_id else None
-
     def tag_parent(self, key: str, value: str) -> None:
         assert self.recorders is not None
         for sink in self.recorders.sinks:
@@ -463,6 +460,8 @@ class Tuner:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             h = _attr(t, "key")
             if h and h not in self.results:
+                with contextlib.suppress(ConfigError):  # known to the model by its parameters
+                    self.candidate(dict(t.params))
                 stored = self._load(t)
                 if stored is not None:
                     self._learn(h, stored)
