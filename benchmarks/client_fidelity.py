@@ -53,11 +53,14 @@ def errors_ms(records: list[tuple[float | None, list[float], str]]) -> tuple[lis
     bad = 0
     for ttft, itls, text in records:
         stamps = parse_stamps(text)
-        # vllm bench serve also times the closing event (no content): one trailing extra gap
-        if ttft is None or stamps is None or len(itls) not in (len(stamps[1]) - 1, len(stamps[1])):
+        # both clients time every chunk that carries choices: the role chunk sent with the
+        # first token (TTFT, then a ~0 gap to the token) and the closing chunk (one more gap)
+        if ttft is None or stamps is None or len(itls) not in range(len(stamps[1]) - 1, len(stamps[1]) + 2):
             bad += 1
             continue
         recv, sends = stamps
+        if len(itls) == len(sends) + 1:
+            itls = itls[1:]
         itls = itls[: len(sends) - 1]
         errs.append(abs(ttft - (sends[0] - recv) / 1e9) * 1000)
         errs += [abs(m - (b - a) / 1e9) * 1000 for m, a, b in zip(itls, sends[:-1], sends[1:], strict=True)]

@@ -11,15 +11,14 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from checkpoints_tools import quant_config
+from checkpoints_tools.files import atomic_write
 from checkpoints_tools.scan import ScanReport
 
 MANIFEST = ".checkpoints_tools-backup.json"
@@ -72,19 +71,6 @@ def planned_documents(model_dir: Path, report: ScanReport) -> dict[str, tuple[st
     return out
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        if path.exists():
-            shutil.copymode(path, tmp)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def apply_fix(model_dir: Path, report: ScanReport) -> FixResult:
     docs = planned_documents(model_dir, report)
     if not docs:
@@ -103,9 +89,9 @@ def apply_fix(model_dir: Path, report: ScanReport) -> FixResult:
             n += 1
         shutil.copy2(src, backup)
         changed[file] = backup.name
-    _atomic_write(model_dir / MANIFEST, json.dumps({"created": stamp, "backups": changed}, indent=2) + "\n")
+    atomic_write(model_dir / MANIFEST, json.dumps({"created": stamp, "backups": changed}, indent=2) + "\n")
     for file, (old, _) in docs.items():
-        _atomic_write(model_dir / file, new_texts[file])
+        atomic_write(model_dir / file, new_texts[file])
         diff_parts += difflib.unified_diff(
             old.splitlines(keepends=True),
             new_texts[file].splitlines(keepends=True),
@@ -125,11 +111,7 @@ def rollback(model_dir: Path) -> dict[str, str]:
         if not (model_dir / backup).exists():
             raise FileNotFoundError(f"{model_dir / backup}: backup missing, nothing restored")
     for file, backup in backups.items():
-        data = (model_dir / backup).read_bytes()
-        fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=f".{file}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        Path(tmp).replace(model_dir / file)
+        atomic_write(model_dir / file, (model_dir / backup).read_bytes())
     manifest.unlink()
     return backups
 

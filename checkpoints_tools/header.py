@@ -1,13 +1,14 @@
-"""Read safetensors headers (never the weights) with the checks of the reference reader.
+"""Read safetensors headers (never the weights) through ``safetensors.safe_open``.
 
-Layout: 8 bytes little-endian ``N``, then ``N`` bytes of UTF-8 JSON starting with
-``{`` (trailing spaces allowed), then the data buffer. Checks follow
-``safetensors/src/tensor.rs::read_metadata`` and ``Metadata::validate``: a size cap of
-100 MB, the header inside the file, valid UTF-8 and JSON, known dtypes, offsets that
-match each tensor's shape and cover the buffer without gaps or overlaps. No torch, no
-numpy: msgspec decodes and type-checks every entry in C (known dtype, non-negative
-ints), and what is left (sizes, coverage) runs as list operations, not a per-tensor
-Python loop, because large checkpoints carry 100,000+ tensors.
+safetensors validates a header when it opens the file (``read_metadata`` and
+``Metadata::validate``: a 100 MB cap, UTF-8 JSON, known dtypes, offsets that match each
+tensor's shape and cover the data buffer without gaps or overlaps), then answers dtype
+and shape per tensor. A checkpoint is read lazily: every shard is opened, so every
+header is validated and every name listed, but a tensor's dtype and shape are fetched
+only when asked for; the module check needs them for about half of the tensors.
+
+Its errors name neither the file nor, always, the tensor; a file it rejects is read
+again by ``_diagnose``, the same rules entry by entry, for a one-line reason that does.
 """
 
 from __future__ import annotations
@@ -15,158 +16,114 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterator, KeysView, Mapping
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter
+from operator import eq
 from pathlib import Path
-from typing import Annotated, Literal, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import msgspec
+from safetensors import SafetensorError, safe_open
 
 MAX_HEADER_SIZE = 100_000_000
+INDEX_NAME = "model.safetensors.index.json"
 
 # bits per element; sub-byte types are packed
 DTYPE_BITS = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E4M3": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8,
-    "F8_E8M0": 8,
-    "U16": 16,
-    "I16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "U32": 32,
-    "I32": 32,
-    "F32": 32,
-    "U64": 64,
-    "I64": 64,
-    "F64": 64,
-    "C64": 64,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-}
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "F8_E8M0": 8, "U16": 16, "I16": 16, "F16": 16, "BF16": 16, "U32": 32, "I32": 32, "F32": 32,
+    "U64": 64, "I64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}  # fmt: skip
 
 
 class HeaderError(Exception):
     """The file is not a readable safetensors file; the message names the file and the reason."""
 
 
-Dtype = Literal[
-    "BOOL", "U8", "I8", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0", "U16", "I16",
-    "F16", "BF16", "U32", "I32", "F32", "U64", "I64", "F64", "C64", "F4", "F6_E2M3", "F6_E3M2",
-]  # fmt: skip
-_Count = Annotated[int, msgspec.Meta(ge=0)]
-_MISSING = (-1, -1)
+class TensorInfo(NamedTuple):
+    dtype: str  # safetensors' name: BF16, F8_E4M3, U8, ...
+    shape: tuple[int, ...]
 
 
-class TensorInfo(msgspec.Struct, frozen=True, gc=False):
-    """One tensor's header entry, decoded and type-checked by msgspec (100,000 per large
-    checkpoint: a C struct, no Python loop builds it)."""
+class Tensors(Mapping[str, TensorInfo]):
+    """Tensor name → dtype and shape, asked of the open shard that holds the tensor.
 
-    dtype: Dtype | None = None  # None: the entry is not a tensor (``__metadata__``) or lacks it
-    shape: tuple[_Count, ...] | None = None
-    data_offsets: tuple[_Count, _Count] = _MISSING
+    ``where`` maps each tensor to its shard's file name: a sharded checkpoint's index once
+    it has been checked against the shards, so 100,000 names are not stored twice."""
 
+    def __init__(self, where: dict[str, str], handles: dict[str, Any]) -> None:
+        self._where, self._handles = where, handles  # handles: file name → safe_open object
 
-class _Metadata(msgspec.Struct):
-    metadata: dict[str, str] | None = msgspec.field(default=None, name="__metadata__")
+    def view(self, name: str) -> Any:
+        """safetensors' view of one tensor (``get_dtype()``, ``get_shape()``), ``None`` for no
+        such tensor: one call per lookup, for the module check's 25,000 lookups per large
+        checkpoint."""
+        shard = self._where.get(name)
+        return None if shard is None else self._handles[shard].get_slice(name)
 
+    def __getitem__(self, name: str) -> TensorInfo:
+        view = self._handles[self._where[name]].get_slice(name)
+        return TensorInfo(view.get_dtype(), tuple(view.get_shape()))
 
-class _Index(msgspec.Struct):
-    weight_map: dict[str, str]
+    def names(self) -> KeysView[str]:
+        """The names, for membership tests at C speed."""
+        return self._where.keys()
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
 
-_DECODE = msgspec.json.Decoder(dict[str, TensorInfo])
-_DECODE_INDEX = msgspec.json.Decoder(_Index)
-_DECODE_META = msgspec.json.Decoder(_Metadata)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
 
 
 @dataclass(frozen=True)
 class Header:
     path: Path
-    tensors: dict[str, TensorInfo]
+    tensors: Tensors
     metadata: dict[str, str]
-    data_size: int
+
+
+def _open(path: Path) -> Any:
+    try:
+        return safe_open(str(path), framework="numpy")
+    except SafetensorError as exc:
+        _diagnose(path, exc)
+    except OSError as exc:
+        raise HeaderError(f"{path.name}: cannot read ({exc.strerror or exc})") from None
 
 
 def read_header(path: Path) -> Header:
-    """Parse and validate one file's header; raises HeaderError with one line of reason.
+    """Open and validate one file; raises HeaderError with one line of reason."""
+    handle = _open(path)
+    tensors = Tensors(dict.fromkeys(handle.keys(), path.name), {path.name: handle})
+    return Header(path, tensors, handle.metadata() or {})
 
-    The fast path only proves a header good (msgspec's typed decode, then size and
-    coverage checks as list comparisons). Anything it rejects is read again by
-    ``_diagnose``, the plain per-entry reference check, which names the tensor and the
-    reason: errors are rare, their messages matter."""
+
+def _diagnose(path: Path, exc: Exception) -> NoReturn:
+    """The header's rules, entry by entry, on a file safetensors rejected: the reason in
+    words, with the tensor's name; safetensors' own message if these rules find nothing."""
     name = path.name
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise HeaderError(f"{name}: file too small for a safetensors header ({len(head)} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_SIZE:
-                raise HeaderError(f"{name}: header length {n} exceeds the {MAX_HEADER_SIZE} byte limit")
-            size = path.stat().st_size
-            if 8 + n > size:
-                raise HeaderError(f"{name}: header length {n} runs past the end of the file ({size} bytes)")
-            raw = fh.read(n)
-    except OSError as exc:
-        raise HeaderError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    data_size = size - 8 - n
+    data = path.read_bytes()
+    if len(data) < 8:
+        raise HeaderError(f"{name}: file too small for a safetensors header ({len(data)} bytes)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > MAX_HEADER_SIZE:
+        raise HeaderError(f"{name}: header length {n} exceeds the {MAX_HEADER_SIZE} byte limit")
+    if 8 + n > len(data):
+        raise HeaderError(f"{name}: header length {n} runs past the end of the file ({len(data)} bytes)")
+    raw, data_size = data[8 : 8 + n], len(data) - 8 - n
     if not raw.startswith(b"{"):
         raise HeaderError(f"{name}: header does not start with '{{'")
     try:
-        raw.decode("utf-8")  # msgspec would notice bad bytes inside strings only
-    except UnicodeDecodeError as exc:
-        raise HeaderError(f"{name}: header is not valid UTF-8 (byte {exc.start})") from None
-    try:
-        tensors = _DECODE.decode(raw)
-        metadata = _DECODE_META.decode(raw).metadata if b'"__metadata__"' in raw else None
-    except msgspec.ValidationError:
-        _diagnose(name, raw, data_size)
-    except msgspec.DecodeError as exc:
-        raise HeaderError(f"{name}: header is not valid JSON ({exc})") from None
-    tensors.pop("__metadata__", None)
-    if not _tiles(tensors, data_size):
-        _diagnose(name, raw, data_size)
-    return Header(path, tensors, metadata or {}, data_size)
-
-
-def _tiles(tensors: dict[str, TensorInfo], data_size: int) -> bool:
-    """Every entry complete, its span the size its dtype and shape need, and the spans
-    covering the data buffer exactly (sorted by begin, each starting where the last ended)."""
-    entries = list(tensors.values())
-    bits = DTYPE_BITS
-    try:
-        need = [math.prod(e.shape) * bits[e.dtype] for e in entries]  # type: ignore[arg-type,index]
-    except (TypeError, KeyError):  # a missing dtype or shape (None)
-        return False
-    offsets = list(map(attrgetter("data_offsets"), entries))
-    if need != [(end - begin) * 8 for begin, end in offsets]:
-        return False
-    offsets.sort()
-    begins = [begin for begin, _ in offsets]
-    ends = [end for _, end in offsets]
-    return (
-        begins[:1] in ([], [0])
-        and begins[1:] == ends[:-1]
-        and (ends[-1] if ends else 0) == data_size
-        and _MISSING not in offsets
-    )
-
-
-def _diagnose(name: str, raw: bytes, data_size: int) -> NoReturn:
-    """The reference check, entry by entry, on a header the fast path rejected."""
-    try:
-        doc = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise HeaderError(f"{name}: header is not valid JSON ({exc.msg} at {exc.pos})") from None
-    if not isinstance(doc, dict):
-        raise HeaderError(f"{name}: header is not a JSON object")
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise HeaderError(f"{name}: header is not valid UTF-8 (byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise HeaderError(f"{name}: header is not valid JSON ({err.msg} at {err.pos})") from None
     raw_meta = doc.pop("__metadata__", None)
     if raw_meta is not None and (
         not isinstance(raw_meta, dict) or not all(isinstance(v, str) for v in raw_meta.values())
@@ -202,49 +159,64 @@ def _diagnose(name: str, raw: bytes, data_size: int) -> NoReturn:
         cursor = end
     if cursor != data_size:
         raise HeaderError(f"{name}: tensors cover {cursor} bytes but the data buffer holds {data_size}")
-    raise HeaderError(f"{name}: header rejected by the typed reader but not by the reference check")
+    raise HeaderError(f"{name}: rejected by safetensors ({' '.join(str(exc).split())})")
 
 
-INDEX_NAME = "model.safetensors.index.json"
+class _Index(msgspec.Struct):
+    weight_map: dict[str, str]  # other keys (metadata) are ignored
 
 
-def read_checkpoint(model_dir: Path) -> dict[str, TensorInfo]:
-    """Every tensor of a checkpoint folder, sharded (index.json) or not; each header read once."""
+_DECODE_INDEX = msgspec.json.Decoder(_Index)  # decoded and type-checked in C: 100,000 entries
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        weight_map = _DECODE_INDEX.decode(index.read_bytes()).weight_map
+    except (OSError, msgspec.DecodeError):
+        raise HeaderError(
+            f"{index.name}: not a valid index (needs a weight_map object of tensor → shard names)"
+        ) from None
+    for shard in set(weight_map.values()):
+        if "/" in shard or shard.startswith(".."):
+            raise HeaderError(f"{index.name}: invalid shard name {shard!r}")
+        if not (index.parent / shard).exists():
+            raise HeaderError(f"{index.name}: points at missing shard {shard}")
+    return weight_map
+
+
+def read_checkpoint(model_dir: Path) -> Tensors:
+    """Every tensor of a checkpoint folder, sharded (index.json) or not; every header
+    validated, dtypes and shapes read when asked for. With an index, each shard must hold
+    exactly the tensors the index maps to it."""
     if not model_dir.is_dir():
         raise HeaderError(f"{model_dir}: not a directory")
     index = model_dir / INDEX_NAME
-    if index.exists():
-        try:
-            weight_map = _DECODE_INDEX.decode(index.read_bytes()).weight_map
-        except (msgspec.DecodeError, OSError):
-            raise HeaderError(
-                f"{index.name}: not a valid index (needs a weight_map object of tensor → shard names)"
-            ) from None
-        shards = sorted(set(weight_map.values()))
-        for shard in shards:
-            if "/" in shard or shard.startswith(".."):  # a str: the index is decoded as dict[str, str]
-                raise HeaderError(f"{index.name}: invalid shard name {shard!r}")
-            if not (model_dir / shard).exists():
-                raise HeaderError(f"{index.name}: points at missing shard {shard}")
-    else:
+    if not index.exists():
         shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
         if not shards:
             raise HeaderError(f"{model_dir}: no *.safetensors files")
-        weight_map = None
-    tensors: dict[str, TensorInfo] = {}
-    for i, shard in enumerate(shards):
-        header = read_header(model_dir / shard)
-        if not tensors.keys().isdisjoint(header.tensors):
-            tname = min(tensors.keys() & header.tensors.keys())
-            other = next(s for s in shards[:i] if tname in read_header(model_dir / s).tensors)
-            raise HeaderError(f"{shard}: tensor {tname!r} also appears in {other}")
-        if weight_map is not None and not all(
-            map(shard.__eq__, map(weight_map.get, header.tensors, repeat(shard)))
-        ):  # every tensor the index lists is listed in this shard (C-level: no per-tensor bytecode)
-            tname = next(t for t in header.tensors if weight_map.get(t, shard) != shard)
-            raise HeaderError(f"{INDEX_NAME}: {tname!r} is mapped to {weight_map[tname]} but is in {shard}")
-        tensors.update(header.tensors)
-    if weight_map is not None and not weight_map.keys() <= tensors.keys():
-        tname = min(weight_map.keys() - tensors.keys())
+        handles = {shard: _open(model_dir / shard) for shard in shards}
+        where: dict[str, str] = {}
+        for shard, handle in handles.items():
+            names = handle.keys()
+            if not where.keys().isdisjoint(names):
+                tname = min(where.keys() & set(names))
+                raise HeaderError(f"{shard}: tensor {tname!r} also appears in {where[tname]}")
+            where.update(zip(names, repeat(shard)))
+        return Tensors(where, handles)
+    weight_map = _weight_map(index)
+    handles = {shard: _open(model_dir / shard) for shard in sorted(set(weight_map.values()))}
+    listed = 0
+    for shard, handle in handles.items():
+        names = handle.keys()
+        # all mapped here (C-level: no per-tensor bytecode); a tensor in two shards fails in one
+        if not all(map(eq, map(weight_map.get, names), repeat(shard))):
+            tname = next(t for t in names if weight_map.get(t) != shard)
+            where_listed = f"mapped to {weight_map[tname]}" if tname in weight_map else "not listed"
+            raise HeaderError(f"{INDEX_NAME}: {tname!r} is {where_listed} but is in {shard}")
+        listed += len(names)
+    if listed != len(weight_map):  # so some tensor of the index is in no shard
+        found = set().union(*(h.keys() for h in handles.values()))
+        tname = min(weight_map.keys() - found)
         raise HeaderError(f"{INDEX_NAME}: {tname!r} is mapped to {weight_map[tname]} but is not in it")
-    return tensors
+    return Tensors(weight_map, handles)

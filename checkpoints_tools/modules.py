@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from checkpoints_tools.header import TensorInfo
+from checkpoints_tools.header import Tensors
 
 _WEIGHT_LEAVES = (".weight", ".weight_packed")
 QUANTIZED = frozenset({"nvfp4-modelopt", "nvfp4-ct", "fp8"})
@@ -23,7 +23,6 @@ class Module(NamedTuple):
 
     name: str
     storage: str  # nvfp4-modelopt | nvfp4-ct | fp8 | bf16 | f16 | f32 | ...
-    shape: tuple[int, ...]
     linear: bool  # a 2-D weight that a quantization config could apply to
 
     @property
@@ -42,28 +41,28 @@ def _storage(dtype: str, scale_dtype: str | None, packed: bool) -> str:
     return dtype.lower()
 
 
-def group(tensors: dict[str, TensorInfo]) -> dict[str, Module]:
+def group(tensors: Tensors) -> dict[str, Module]:
     """Modules are the prefixes of ``weight`` / ``weight_packed`` tensors; the other
     parameters are looked up by name, so the loop runs per module, not per tensor
-    (25,000 modules, 100,000 tensors on large MoE checkpoints)."""
-    get = tensors.get
+    (25,000 modules, 100,000 tensors on large MoE checkpoints), and only the dtypes and
+    shapes it needs are read."""
+    view, names = tensors.view, tensors.names()
     modules: dict[str, Module] = {}
-    storage_of: dict[tuple[str | None, str | None, bool], str] = {}
-    for name in [n for n in tensors if n.endswith(_WEIGHT_LEAVES)]:
+    storage_of: dict[tuple[str, str | None, bool], str] = {}
+    for name in [n for n in names if n.endswith(_WEIGHT_LEAVES)]:
         prefix = name.rpartition(".")[0]
         if not prefix or prefix in modules:
             continue
-        w = get(prefix + ".weight")
-        packed = w is None or name.endswith("_packed") or (prefix + ".weight_packed") in tensors
+        w = view(prefix + ".weight")
+        packed = w is None or name.endswith("_packed") or (prefix + ".weight_packed") in names
         if w is None:
-            w = tensors[name]
-        dtype, shape = w.dtype, w.shape
-        assert dtype is not None and shape is not None  # the reader rejects entries without them
-        scale = get(prefix + ".weight_scale") if dtype == "U8" else None  # only NVFP4 needs it
-        key = (dtype, scale.dtype if scale is not None else None, packed)
+            w = view(name)
+        dtype = w.get_dtype()
+        scale = view(prefix + ".weight_scale") if dtype == "U8" else None  # only NVFP4 needs it
+        key = (dtype, scale.get_dtype() if scale is not None else None, packed)
         storage = storage_of.get(key)
         if storage is None:
-            storage = storage_of[key] = _storage(dtype, key[1], packed)
-        linear = len(shape) == 2 and not prefix.endswith(NEVER_QUANTIZED_SUFFIXES)
-        modules[prefix] = Module(prefix, storage, shape, linear)
+            storage = storage_of[key] = _storage(*key)
+        linear = len(w.get_shape()) == 2 and not prefix.endswith(NEVER_QUANTIZED_SUFFIXES)
+        modules[prefix] = Module(prefix, storage, linear)
     return modules

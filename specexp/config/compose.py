@@ -28,8 +28,6 @@ from specexp.config.variant import Variant
 from specexp.errors import ConfigError
 from specexp.paths import conf_dir
 
-SPEC_KEYS = ("spec", "spec.")  # overrides that belong to the speculative part of a variant
-
 
 @contextmanager
 def hydra_context() -> Iterator[None]:
@@ -97,18 +95,14 @@ def expand(overrides: Sequence[str]) -> tuple[list[list[str]], list[str]]:
 
     Returns the combinations and the keys that vary (used to name variants).
     """
-    loader = GlobalHydra.instance().config_loader()
-    try:
-        parser = OverridesParser.create(config_loader=loader)
-        parsed = []
-        for item in overrides:
-            try:
-                parsed += parser.parse_overrides([item])
-            except (OverrideParseException, HydraException) as exc:
-                hint = " (quote list values: 'key=[\"--flag=1\"]')" if "[" in item else ""
-                raise ConfigError(f"cannot parse override {item!r}: {_one_line(exc)}{hint}") from None
-    except ConfigError:
-        raise
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    parsed = []
+    for item in overrides:
+        try:
+            parsed += parser.parse_overrides([item])
+        except (OverrideParseException, HydraException) as exc:
+            hint = " (quote list values: 'key=[\"--flag=1\"]')" if "[" in item else ""
+            raise ConfigError(f"cannot parse override {item!r}: {_one_line(exc)}{hint}") from None
     axes: list[list[str]] = []
     varying: list[str] = []
     for ov in parsed:

@@ -27,7 +27,8 @@ DEVICES = frozenset({"auto", "cpu", "cuda"})
 
 @dataclass
 class ModelConfig:
-    """The target checkpoint. ``embedded:NAME`` resolves to a model specexp builds itself."""
+    """The target checkpoint: a folder, ``embedded:NAME`` (a model specexp builds itself) or a
+    Hugging Face hub id ``org/name`` (from the local cache)."""
 
     name: str = "smollm2-135m-instruct"
     path: str = "embedded:smollm2-135m-instruct"
@@ -35,6 +36,10 @@ class ModelConfig:
     # Whether the checkpoint carries MTP / next-token layers (decides what spec.method=mtp means).
     has_mtp: bool = False
     trust_remote_code: bool = False
+    # A path of the form org/name is a Hugging Face hub id, resolved through the local
+    # cache; it is downloaded only when this is true (and HF_HUB_OFFLINE is unset).
+    allow_download: bool = False
+    revision: str | None = None  # hub ids: a branch, tag or commit (null: main)
 
 
 @dataclass
@@ -103,15 +108,62 @@ class ServerConfig:
 
 
 @dataclass
+class SshConfig:
+    """How to reach the nodes; a node's own ``user``/``key``/``port`` win over these."""
+
+    user: str | None = None  # null = the local user name
+    key: str | None = None  # private key file; null = the default keys and the agent
+    port: int = 22
+    # known_hosts file for the nodes' host keys; null = ~/.ssh/known_hosts. Host keys are
+    # always checked: an unknown node is an error naming the file to add it to.
+    known_hosts: str | None = None
+    connect_timeout_s: float = 15.0
+    keepalive_s: float = 5.0  # a dropped connection is noticed after ~3 of these
+
+
+@dataclass
+class NodeConfig:
+    """One machine of a multi-node launch (head first)."""
+
+    host: str  # where SSH connects, and the node's address for vLLM unless ``address`` is set
+    address: str | None = None  # the node's address on the cluster network (VLLM_HOST_IP, master)
+    user: str | None = None
+    key: str | None = None
+    port: int | None = None
+    name: str | None = None  # label in logs and messages (default node<rank>)
+    # Per-node environment: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, NCCL_IB_HCA, VLLM_HOST_IP, ...
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class LauncherConfig:
     kind: str = "local"  # a registered launcher (specexp.launch.base)
-    device: str = "auto"  # auto: cuda when nvidia-smi answers, else the CPU build
+    device: str = "auto"  # auto: cuda when nvidia-smi answers (on the node that serves), else the CPU build
     vllm_command: list[str] = field(default_factory=list)  # empty = find it (see launch.plan)
+    # Multi-node: the nodes, head first. ``hosts`` is the short form (addresses only) and
+    # ``nnodes`` follows the list; with neither, one node on this machine.
+    nodes: list[NodeConfig] = field(default_factory=list)
     nnodes: int = 1
-    hosts: list[str] = field(default_factory=list)  # node addresses, head first (multi-node)
-    master_port: int = 29501
+    hosts: list[str] = field(default_factory=list)
+    master_port: int = 29501  # 0 = a free port found on the head node
+    ssh: SshConfig = field(default_factory=SshConfig)
+    distributed_executor_backend: str = "mp"  # mp (vLLM's own multi-node mode) | ray
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 15.0
+    # Host-memory gate: before each launch and every memory_check_s while it runs, every
+    # node must have at least this much available memory, or the variant is stopped.
+    min_available_gib: float = 3.0
+    memory_check_s: float = 5.0
+    # Startup-hang doctor: no new log line on any node for this long during startup ->
+    # py-spy stacks, listening addresses, hostname resolution, Gloo interface (0 = off).
+    stall_s: float = 120.0
+    doctor_timeout_s: float = 60.0
+    py_spy: list[str] = field(default_factory=lambda: ["py-spy"])  # on the nodes (e.g. [sudo, -n, py-spy])
+    # NCCL bandwidth preflight (all_reduce_perf from nccl-tests, when the nodes have it).
+    nccl_preflight: bool = False
+    nccl_test_command: list[str] = field(
+        default_factory=lambda: ["all_reduce_perf", "-b", "256M", "-e", "256M", "-g", "1"]
+    )
     cpu_kv_cache_gib: float = 1.0
     cpu_omp_threads_bind: str = "nobind"
     intel_openmp: str = "auto"  # auto/on/off: LD_PRELOAD libiomp5 for the CPU build
@@ -128,12 +180,38 @@ class LauncherConfig:
             raise ValueError(f"launcher.device: {self.device!r} is not one of {sorted(DEVICES)}")
         if self.intel_openmp not in ("auto", "on", "off"):
             raise ValueError(f"launcher.intel_openmp: {self.intel_openmp!r} is not auto/on/off")
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            raise ValueError(
+                f"launcher.distributed_executor_backend: {self.distributed_executor_backend!r} "
+                "is not mp or ray"
+            )
+        if self.nodes and self.hosts:
+            raise ValueError("launcher.nodes and launcher.hosts both list the nodes: keep one")
+        if self.hosts and not self.nodes:
+            self.nodes = [NodeConfig(host=h) for h in self.hosts]
+        if self.nodes and self.nnodes not in (1, len(self.nodes)):
+            raise ValueError(
+                f"launcher.nodes lists {len(self.nodes)} nodes for launcher.nnodes={self.nnodes}"
+            )
+        if self.nodes:
+            self.nnodes = len(self.nodes)
         if self.nnodes < 1:
             raise ValueError("launcher.nnodes must be >= 1")
-        if self.hosts and len(self.hosts) != self.nnodes:
-            raise ValueError(
-                f"launcher.hosts lists {len(self.hosts)} hosts for launcher.nnodes={self.nnodes}"
-            )
+        if self.nnodes > 1 and not self.nodes:
+            raise ValueError(f"launcher.nnodes={self.nnodes} needs launcher.nodes (or launcher.hosts)")
+        if not 0 <= self.master_port < 65536:
+            raise ValueError(f"launcher.master_port={self.master_port} is not a port")
+        if self.min_available_gib < 0 or self.memory_check_s <= 0:
+            raise ValueError("launcher.min_available_gib must be >= 0 and launcher.memory_check_s > 0")
+        if self.stall_s < 0:
+            raise ValueError("launcher.stall_s must be >= 0 (0 = no stall detection)")
+        names = [n.name for n in self.nodes if n.name]
+        if len(names) != len(set(names)):
+            raise ValueError(f"launcher.nodes: node names repeat ({', '.join(names)})")
+
+    def node_name(self, rank: int) -> str:
+        name = self.nodes[rank].name if rank < len(self.nodes) else None
+        return name or f"node{rank}"
 
 
 @dataclass
@@ -141,7 +219,9 @@ class CaseConfig:
     """One measured scenario: how many streams at once, how many requests, how long."""
 
     concurrency: int = 1
-    num_prompts: int = 2
+    # Requests per trial, taken from the workload as whole conversations; null: every
+    # request of the workload, in file order.
+    num_prompts: int | None = 2
     max_tokens: int = 128
     # Exact prompt length in tokens (chat template included), built with the model's
     # tokenizer from realistic text; null = the workload's own prompts.
@@ -151,12 +231,53 @@ class CaseConfig:
     # Always generate max_tokens (vLLM's ignore_eos). Only for matching another tool's
     # fixed-length grid: a small model then loops, and the degenerate-output guard says so.
     ignore_eos: bool = False
+    # Open loop: requests arrive at this rate (per second) whether or not the server is
+    # done, instead of `concurrency` streams. Gaps are gamma-distributed with shape
+    # `burstiness` (1: Poisson; <1 burstier; .inf: even), seeded per trial, as vllm bench
+    # serve draws them. timing: trace replays the workload file's own timestamps instead.
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    timing: str | None = None  # null (closed loop or request_rate) or "trace"
+    max_concurrency: int | None = None  # open loop: cap on requests open at once (null: none)
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.num_prompts < 1 or self.max_tokens < 1:
+        if (
+            self.concurrency < 1
+            or (self.num_prompts is not None and self.num_prompts < 1)
+            or self.max_tokens < 1
+        ):
             raise ValueError("bench.cases: concurrency, num_prompts and max_tokens must be >= 1")
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
             raise ValueError("bench.cases: prompt_tokens must be >= 1")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"bench.cases: request_rate={self.request_rate} must be > 0")
+        if not self.burstiness > 0:
+            raise ValueError(f"bench.cases: burstiness={self.burstiness} must be > 0")
+        if self.timing not in (None, "trace"):
+            raise ValueError(f"bench.cases: timing={self.timing!r} is not trace (or null)")
+        if self.timing == "trace" and self.request_rate is not None:
+            raise ValueError("bench.cases: timing=trace replays the file's timestamps; drop request_rate")
+        if self.max_concurrency is not None:
+            if self.max_concurrency < 1:
+                raise ValueError("bench.cases: max_concurrency must be >= 1")
+            if self.request_rate is None and self.timing is None:
+                raise ValueError("bench.cases: max_concurrency caps open loop (request_rate or timing=trace)")
+        if self.prompt_tokens is not None and self.timing == "trace":
+            raise ValueError("bench.cases: prompt_tokens prompts have no timestamps for timing=trace")
+
+
+@dataclass
+class SloConfig:
+    """Objectives a request must meet to count towards goodput (null: not checked)."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None  # the request's mean inter-token gap (vLLM's TPOT)
+
+    def __post_init__(self) -> None:
+        for key in ("ttft_ms", "itl_ms"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"bench.slo.{key}={value} must be > 0")
 
 
 @dataclass
@@ -182,6 +303,13 @@ class BenchConfig:
     workload: str = "copy_edit"
     request_timeout_s: float = 300.0
     reset_prefix_cache: bool = True  # between trials, so trial 1 is not the only cold one
+    # A case whose outputs loop gets no winner (prompt lookup "accepts" the repetition, so
+    # the speed-up is not real); true names one anyway, for workloads that loop on purpose.
+    trust_loops: bool = False
+    # One case per slice label of a case's workload file (named <case>.<slice>)
+    split_by_slice: bool = False
+    # Service-level objectives for goodput (requests/s meeting all of them)
+    slo: SloConfig = field(default_factory=SloConfig)
     # Filled by conf/bench/*.yaml (default: single + concurrent4). Empty here so a bench
     # file replaces the set of cases instead of merging into a built-in one.
     cases: dict[str, CaseConfig] = field(default_factory=dict)
@@ -238,6 +366,9 @@ class SweepConfig:
     # Measure each baseline twice, the copy as a variant against the original: an A/A check
     # (a verdict between identical configurations is a false winner).
     aa: bool = False
+    # Check every launch plan with the installed vLLM's own parser before anything starts
+    # (off: when this machine's vLLM is not the one that serves, and its verdict misleads).
+    validate: bool = True
 
 
 @dataclass

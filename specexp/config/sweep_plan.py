@@ -29,6 +29,7 @@ SWEEP_WIDE = (
     "sweep.name",
     "sweep.baseline",
     "sweep.aa",
+    "sweep.validate",
 )
 
 
@@ -50,6 +51,7 @@ class SweepPlan:
     name: str | None
     baseline: bool
     aa: bool
+    validate: bool
 
     @classmethod
     def resolve(cls, variants: list[Variant], name: str | None = None) -> SweepPlan:
@@ -77,6 +79,7 @@ class SweepPlan:
             name=name or cfg.sweep.name,
             baseline=cfg.sweep.baseline,
             aa=cfg.sweep.aa,
+            validate=cfg.sweep.validate,
         )
 
     def default_name(self) -> str:

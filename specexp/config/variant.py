@@ -36,11 +36,6 @@ class Variant:
     def hash(self) -> str:
         return config_hash(self.resolved, self.replica)
 
-    @property
-    def spec_label(self) -> str:
-        spec = self.config.spec
-        return "no-spec" if spec.method == "none" else f"{spec.method}-k{spec.depth}"
-
 
 def config_hash(resolved: dict[str, Any], replica: int = 0) -> str:
     payload: dict[str, Any] = {k: v for k, v in resolved.items() if k not in _UNHASHED}

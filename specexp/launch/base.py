@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
-from specexp.errors import ConfigError
+from specexp.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
     from specexp.config.schema import LauncherConfig
@@ -89,6 +90,7 @@ class Launcher(Protocol):
     """One variant's server, on however many nodes. Used as a context manager."""
 
     kind: ClassVar[str]
+    plan: LaunchPlan  # as launched: ports decided on the node that serves
     startup: StartupTiming
     substitutions: list[str]  # log lines where the server ran something other than asked
 
@@ -158,6 +160,39 @@ class Pausable(Protocol):
     def thaw(self) -> None: ...
 
 
+class HostMemoryLow(LaunchError):
+    """A node's available memory fell below ``launcher.min_available_gib`` (before the launch
+    or while it ran): the variant is stopped cleanly, and the next one starts only when
+    every node is back above the line (its own gate says so)."""
+
+    def __init__(self, node: str, available_gib: float, threshold_gib: float, when: str) -> None:
+        self.node, self.available_gib, self.threshold_gib = node, available_gib, threshold_gib
+        super().__init__(
+            f"memory gate: {node} has {available_gib:.2f} GiB available, below "
+            f"launcher.min_available_gib={threshold_gib:g} ({when}); every node stopped"
+        )
+
+    @property
+    def figure(self) -> str:
+        return f"{self.node}: {self.available_gib:.2f} GiB < {self.threshold_gib:g} GiB"
+
+
+@runtime_checkable
+class Guarded(Protocol):
+    """Launchers that watch their hosts while a server runs (free memory on every node) and
+    stop it when a guard trips; ``tripped()`` says which node and the figure."""
+
+    def tripped(self) -> HostMemoryLow | None: ...
+
+
+@runtime_checkable
+class ReportsProgress(Protocol):
+    """Launchers that report startup progress themselves (per-node phases of a multi-node
+    start) through the sweep's progress line."""
+
+    def on_progress(self, say: Callable[[str], None]) -> None: ...
+
+
 class LauncherFactory(Protocol):
     def __call__(self, plan: LaunchPlan, config: LauncherConfig, log_dir: Path) -> Launcher: ...
 
@@ -192,6 +227,19 @@ def launcher_class(kind: str) -> Any:
         if exc.name != module:
             raise
         raise ConfigError(f"launcher.kind={kind} is not available in this build (no {module})") from None
+
+
+def target_device(config: LauncherConfig, *, connect: bool = True) -> str | None:
+    """The device of the node that serves, for planning: ``launcher.device`` unless auto;
+    for launchers whose nodes are elsewhere, asked there (``detect_device`` on the class).
+    None: decide on this machine (local launches, or a dry run that must not connect)."""
+    if config.device != "auto":
+        return config.device
+    probe = getattr(launcher_class(config.kind), "detect_device", None)
+    if probe is None or not connect:
+        return None
+    device: str = probe(config)
+    return device
 
 
 def create_launcher(plan: LaunchPlan, config: LauncherConfig, log_dir: Path) -> Launcher:

@@ -33,6 +33,7 @@ class EndpointLauncher(StartStopContext):
 
     def __init__(
         self,
+        plan: LaunchPlan,
         base_url: str,
         *,
         model: str | None = None,
@@ -40,6 +41,7 @@ class EndpointLauncher(StartStopContext):
         api_key: str | None = None,
         ready_timeout_s: float = 60.0,
     ) -> None:
+        self.plan = plan
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
@@ -54,6 +56,7 @@ class EndpointLauncher(StartStopContext):
             raise ConfigError("launcher=endpoint needs launcher.base_url (the server to measure)")
         served = plan.served_model if plan.served_model != plan.model_path else None
         return cls(
+            plan,
             config.base_url,
             model=served,
             tokenizer=plan.model_path if Path(plan.model_path).is_dir() else None,

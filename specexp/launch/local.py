@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -61,6 +62,26 @@ def _die_with_parent() -> None:
     """In the child: get SIGTERM if specexp dies without cleaning up (e.g. SIGKILL)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A taken port is a clear error before launch, not a server that dies after its imports."""
+    bind = "127.0.0.1" if host in ("", "0.0.0.0") else host
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((bind, port))
+        except OSError:
+            owner = next(
+                (
+                    f" by {c.pid and psutil.Process(c.pid).name()} (pid {c.pid})"
+                    for c in psutil.net_connections("tcp")
+                    if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
+                ),
+                "",
+            )
+            raise LaunchError(
+                f"port {port} on {bind} is taken{owner}: free it, or set server.port=0 for a free one"
+            ) from None
 
 
 def remove_openmp_registrations(pids: set[int], shm: Path = Path("/dev/shm")) -> None:
@@ -148,6 +169,8 @@ class LocalLauncher(StartStopContext):
     def start(self) -> None:
         if self.plan.api_port == 0:  # this machine is the node that serves
             self.plan = self.plan.with_port(free_port(self.plan.api_host))
+        else:
+            check_port_free(self.plan.api_host, self.plan.api_port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the reader
         node = self.plan.head
@@ -307,6 +330,26 @@ class LocalLauncher(StartStopContext):
         if alive and self._stop_sent is None and not self._frozen:
             self._signal_group(signal.SIGSTOP)
             self._frozen = True
+            self._wait_stopped()
+
+    def _wait_stopped(self, limit_s: float = 5.0) -> None:
+        """Return once every process of the group has stopped: ``killpg`` returns before a
+        process running on another core is actually suspended, and the next trial must not
+        share the CPU with it. Bounded: a process that never stops is not waited on forever."""
+        if self._pgid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            leader = psutil.Process(self._pgid)
+            procs = [leader, *leader.children(recursive=True)]
+            deadline = time.monotonic() + limit_s
+            for proc in procs:
+                while time.monotonic() < deadline:
+                    try:
+                        if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                            break
+                    except psutil.NoSuchProcess:
+                        break
+                    time.sleep(0.001)
 
     def thaw(self) -> None:
         if self._frozen and self._stop_sent is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specexp.assets import hub
 from specexp.config.schema import Config
 from specexp.config.variant import Variant
 from specexp.paths import vllm_venv
@@ -66,6 +67,13 @@ class LaunchPlan:
             serve_args=tuple(new if a == old else a for a in self.serve_args),
             api_port=port,
         )
+
+    def with_master_port(self, port: int) -> LaunchPlan:
+        """The plan with the multi-node rendezvous port decided (``launcher.master_port=0``
+        leaves it to the launcher, which finds a free one on the head)."""
+        old, new = "--master-port=0", f"--master-port={port}"
+        nodes = tuple(replace(n, argv=tuple(new if a == old else a for a in n.argv)) for n in self.nodes)
+        return replace(self, nodes=nodes, serve_args=tuple(new if a == old else a for a in self.serve_args))
 
     @property
     def base_url(self) -> str:
@@ -150,11 +158,14 @@ def resolve_vllm_command(config: Config, device: str) -> list[str]:
     return ["vllm"]
 
 
-def resolve_model_path(path: str) -> str:
+def resolve_model_path(path: str, *, allow_download: bool = False, revision: str | None = None) -> str:
+    """A local folder for ``embedded:NAME`` and for hub ids (``org/name``, from the cache)."""
     if path.startswith(EMBEDDED_PREFIX):
         from specexp.assets.embedded import embedded_model_dir
 
         return str(embedded_model_dir(path[len(EMBEDDED_PREFIX) :]))
+    if hub.is_hub_id(path):
+        return str(hub.resolve(path, revision=revision, allow_download=allow_download))
     return path
 
 
@@ -256,7 +267,14 @@ def build_plan(
     to the launcher. ``resolve_model=False`` leaves ``embedded:`` paths symbolic."""
     config = variant.config
     device = device or detect_device(config.launcher.device)
-    model_path = resolve_model_path(config.model.path) if resolve_model else config.model.path
+    model = config.model
+    # a hub id resolves through this machine's cache only for a local launch
+    resolve = resolve_model and (config.launcher.kind == "local" or not hub.is_hub_id(model.path))
+    model_path = (
+        resolve_model_path(model.path, allow_download=model.allow_download, revision=model.revision)
+        if resolve
+        else model.path
+    )
     if port is None:
         port = config.server.port
     head_args = serve_args(config, model_path, device, port)
@@ -270,27 +288,31 @@ def build_plan(
     env.update({k: str(v) for k, v in config.server.env.items()})
 
     nodes: list[NodePlan] = []
-    nnodes = config.launcher.nnodes
-    hosts = list(config.launcher.hosts) or [config.server.host]
-    if nnodes == 1:
-        nodes.append(NodePlan(0, hosts[0], (*vllm_cmd, "serve", *head_args), env))
+    configured = config.launcher.nodes
+    addresses = [n.address or n.host for n in configured] or [config.server.host]
+    if len(addresses) == 1:
+        node_env = {**env, **(configured[0].env if configured else {})}
+        host = configured[0].host if configured else config.server.host
+        nodes.append(NodePlan(0, host, (*vllm_cmd, "serve", *head_args), node_env))
     else:
-        master = hosts[0]
         multi = [
-            f"--nnodes={nnodes}",
-            f"--master-addr={master}",
+            f"--nnodes={len(addresses)}",
+            f"--master-addr={addresses[0]}",
             f"--master-port={config.launcher.master_port}",
         ]
-        for rank in range(nnodes):
-            node_env = dict(env)
-            node_env.setdefault("VLLM_HOST_IP", hosts[rank])
+        for rank, node in enumerate(configured):
+            node_env = {**env, **node.env}
+            node_env.setdefault("VLLM_HOST_IP", addresses[rank])
             if rank == 0:
                 argv = (*vllm_cmd, "serve", *head_args, *multi, "--node-rank=0")
             else:
                 follower = [a for a in head_args if not a.startswith(("--host=", "--port="))]
                 argv = (*vllm_cmd, "serve", *follower, *multi, f"--node-rank={rank}", "--headless")
-            nodes.append(NodePlan(rank, hosts[rank], argv, node_env))
-    api_host = config.server.host if nnodes == 1 else hosts[0]
+            nodes.append(NodePlan(rank, node.host, argv, node_env))
+    # Requests go to the head: to its cluster address when the API listens on every interface.
+    api_host = config.server.host
+    if configured and api_host in ("0.0.0.0", "", "::"):
+        api_host = addresses[0]
     return LaunchPlan(
         label=variant.label,
         variant_hash=variant.hash,
@@ -302,8 +324,27 @@ def build_plan(
         api_host=api_host,
         api_port=port,
         served_model=config.model.served_name or model_path,
-        notes=variant.notes,
+        notes=(*variant.notes, *device_notes(config, device)),
     )
+
+
+# What vLLM's CPU platform runs whatever backend is asked for (vllm/platforms/cpu.py): any
+# other name is replaced silently, so two such variants would run the same thing.
+CPU_ATTENTION = frozenset({"AUTO", "CPU_ATTN", "CPU_MLA", "AMX_MLA"})
+
+
+def device_notes(config: Config, device: str) -> tuple[str, ...]:
+    """Requests the device cannot honour, said before launch rather than found after."""
+    if device != "cpu":
+        return ()
+    notes = []
+    asked = [("attention.backend", config.attention.backend)]
+    if config.spec.method != "none" and config.spec.attention_backend:
+        asked.append(("spec.attention_backend", config.spec.attention_backend))
+    for key, backend in asked:
+        if backend.upper() not in CPU_ATTENTION:
+            notes.append(f"{key}: {backend.lower()} is not available on cpu; vLLM will use CPU_ATTN")
+    return tuple(notes)
 
 
 def launch_env(plan_env: dict[str, str]) -> dict[str, str]:

@@ -31,7 +31,11 @@ def loads_mtp_from_target(variant: Variant) -> bool:
     return (spec.method == "mtp" or spec.method.endswith("_mtp")) and not spec.model
 
 
-def check_checkpoint(variant: Variant, model_path: str, *, allow_fix: bool = True) -> Preflight:
+def check_checkpoint(
+    variant: Variant, model_path: str, *, allow_fix: bool = True, shown_as: str | None = None
+) -> Preflight:
+    """``shown_as``: the folder's name in messages when ``model_path`` is a local mirror of
+    another machine's checkpoint (the multi-node preflight scans header mirrors)."""
     cfg = variant.config.checkpoint
     folder = Path(model_path)
     if not cfg.preflight or not loads_mtp_from_target(variant) or not folder.is_dir():
@@ -42,7 +46,7 @@ def check_checkpoint(variant: Variant, model_path: str, *, allow_fix: bool = Tru
         return Preflight(ran=True, ok=False, message=f"checkpoint preflight: unreadable checkpoint: {exc}")
     if report.consistent:
         return Preflight(ran=True, ok=True, message="checkpoint preflight: consistent")
-    fix_cmd = f"python -m checkpoints_tools fix {shlex.quote(str(folder))}"
+    fix_cmd = f"python -m checkpoints_tools fix {shlex.quote(shown_as or str(folder))}"
     n = len(report.problems)
     first = report.problems[0]
     summary = (

@@ -9,11 +9,19 @@ Times are taken where they are true, not where Python gets round to them:
 The streams go through aiohttp (C HTTP parser; vLLM's own bench client) rather than
 httpx: at 64 streams on one core httpx spent 117 µs of CPU per token against aiohttp's
 ~37, and that queueing showed up as timing error (benchmarks/client_fidelity.py).
-TTFT is the first event carrying content; latency ends at the last content event,
-not at the usage event or ``[DONE]``, so ``latency − TTFT = ΣITL``. Output tokens come
-from the final usage block: with speculative decoding one event can carry several
-tokens, so counting events would undercount. vLLM can answer HTTP 200 and then send
-``{"error": ...}`` inside the stream: that is a failure, as is a stream with no content.
+
+Every event that carries choices is a token event, as in vLLM's own bench client
+(``lib/endpoint_request_func.py``): answer text, reasoning (``delta.reasoning``, or the
+older ``reasoning_content``), tool-call deltas and the finish chunk alike. TTFT is the
+first, each later one adds an ITL, and latency ends at the last, so ``latency − TTFT =
+ΣITL`` and the decode window is the server's: ending it at the last *answer* chunk
+would leave out the step that produced the finish chunk (with speculation several
+tokens at once) and, behind a reasoning parser, every thinking token. The usage event
+and ``[DONE]`` are not tokens. Output tokens come from the final usage block (one event
+can carry several tokens), reasoning tokens from its ``completion_tokens_details`` when
+the server gives them. vLLM can answer HTTP 200 and then send ``{"error": ...}`` inside
+the stream: that is a failure, as is a stream that generated no text at all (an answer
+that is all reasoning is not such a stream).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class _Stream:
         self.sent: float | None = None
         self.last: float | None = None
         self.parts: list[str] = []
+        self.reasoning: list[str] = []
         self.done = False
 
     def event(self, data: bytes, now: float) -> None:
@@ -73,20 +82,53 @@ class _Stream:
         if usage := event.get("usage"):
             rec.output_tokens = int(usage.get("completion_tokens") or 0)
             rec.prompt_tokens = usage.get("prompt_tokens")
-        for choice in event.get("choices") or []:
+            details = usage.get("completion_tokens_details") or {}
+            if details.get("reasoning_tokens") is not None:
+                rec.reasoning_tokens = int(details["reasoning_tokens"])
+        choices = event.get("choices") or []
+        if not choices:
+            return
+        if self.last is None:
+            rec.ttft_s = now - (self.sent if self.sent is not None else now)
+        else:
+            rec.itl_s.append(now - self.last)
+        self.last = now
+        for choice in choices:
             delta = choice.get("delta") or {}
-            content = delta.get("content") or delta.get("reasoning_content") or ""
             if choice.get("finish_reason"):
                 rec.finish_reason = choice["finish_reason"]
-            if not content:
-                continue
-            self.parts.append(content)
-            rec.chunks += 1
-            if self.last is None:
-                rec.ttft_s = now - (self.sent if self.sent is not None else now)
-            else:
-                rec.itl_s.append(now - self.last)
-            self.last = now
+            if content := delta.get("content"):
+                self.parts.append(content)
+                rec.chunks += 1
+            if reasoning := delta.get("reasoning") or delta.get("reasoning_content"):
+                self.reasoning.append(reasoning)
+                rec.reasoning_chunks += 1
+            if delta.get("tool_calls"):
+                rec.tool_call_chunks += 1
+
+    def finish(self) -> None:
+        """Text, latency, the reasoning/answer token split, and "generated nothing"."""
+        rec = self.rec
+        rec.text = "".join(self.parts)
+        rec.reasoning_text = "".join(self.reasoning)
+        if self.last is not None and self.sent is not None:
+            rec.latency_s = self.last - self.sent
+        if rec.reasoning_tokens is not None and (rec.reasoning_tokens > 0 or not rec.reasoning_text):
+            rec.reasoning_tokens_source = "usage"
+        elif rec.reasoning_text and rec.output_tokens:
+            # no split from the server, or one that contradicts the text (a parser that
+            # splits on text tags counts reasoning by special token ids and finds none):
+            # share the tokens by characters, and say so
+            share = len(rec.reasoning_text) / (len(rec.reasoning_text) + len(rec.text))
+            rec.reasoning_tokens = round(rec.output_tokens * share)
+            rec.reasoning_tokens_source = "estimate"
+        if rec.error is None and not (rec.chunks or rec.reasoning_chunks or rec.tool_call_chunks):
+            rec.error = "stream ended without any generated text"
+
+
+def arrival() -> float:
+    """The clock read when a network read returns (its own name so a test can watch it)."""
+    return time.perf_counter()
 
 
 # Reuse an idle connection for less time than vLLM keeps it (VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
@@ -137,7 +179,7 @@ async def stream_chat(
                 return rec
             buf = b""
             async for raw in resp.content.iter_any():
-                now = time.perf_counter()  # arrival of this read, before any parsing
+                now = arrival()  # of this read, before any parsing
                 buf += raw
                 *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
                 for ev in events:
@@ -150,9 +192,5 @@ async def stream_chat(
                     break
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
-    rec.text = "".join(st.parts)
-    if st.last is not None and st.sent is not None:
-        rec.latency_s = st.last - st.sent
-    if rec.error is None and rec.ttft_s is None:
-        rec.error = "stream ended without any content"
+    st.finish()
     return rec

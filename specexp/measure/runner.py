@@ -9,7 +9,6 @@ sweep goes further and takes one trial of every variant per round.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -17,15 +16,22 @@ from collections.abc import Callable
 import aiohttp
 import httpx
 
-from specexp.config.schema import BenchConfig, CaseConfig
-from specexp.errors import ConfigError
+from specexp.config.schema import BenchConfig
 from specexp.launch.base import Endpoint
 from specexp.measure import client as streaming
-from specexp.measure import prometheus, workload
+from specexp.measure import prefix_cache, prometheus, workload
 from specexp.measure.client import chat_payload, stream_chat
 from specexp.measure.degenerate import is_looping
-from specexp.measure.long_prompt import exact_prompt
-from specexp.measure.stats import case_verdict, look_confidence, summarize, trial_metrics
+from specexp.measure.loadgen import RequestDefaults, build_payload, run_window
+from specexp.measure.stats import (
+    SERVER_GAP_LIMIT,
+    case_verdict,
+    look_confidence,
+    server_metrics,
+    summarize,
+    trial_metrics,
+)
+from specexp.measure.traffic import CasePlan, plan_cases, slo_of, traffic_metrics, window
 from specexp.record.results import (
     AcceptanceRecord,
     CaseResult,
@@ -35,19 +41,27 @@ from specexp.record.results import (
 )
 
 Progress = Callable[[str], None]
+EXTRA_WARMUPS = 3  # further warm-up requests while a speculative server has not drafted yet
 
 
-def _case_prompts(
-    endpoint: Endpoint, bench: BenchConfig, case_name: str, case: CaseConfig, case_index: int
-) -> list[workload.Messages]:
-    """A case's prompts: the same in every trial, so they are built once per case."""
-    if case.prompt_tokens is None:
-        return workload.prompts_for(case.workload or bench.workload, case_index, case.num_prompts, bench.seed)
-    if endpoint.tokenizer is None:
-        raise ConfigError(
-            f"bench.cases.{case_name}.prompt_tokens needs the model's tokenizer on this machine"
-        )
-    return [exact_prompt(endpoint.tokenizer, case.prompt_tokens, i) for i in range(case.num_prompts)]
+async def _scrape(
+    client: httpx.AsyncClient, url: str
+) -> tuple[prometheus.Snapshot, prefix_cache.PrefixCacheCounters]:
+    resp = await client.get(url, timeout=10.0)
+    resp.raise_for_status()
+    return prometheus.parse_metrics(resp.text), prefix_cache.parse(resp.text)
+
+
+def _defaults(endpoint: Endpoint, bench: BenchConfig, plan: CasePlan) -> RequestDefaults:
+    case = plan.case
+    return RequestDefaults(endpoint.model, case.max_tokens, bench.temperature, bench.seed, case.ignore_eos)
+
+
+def check_loops(records: list[RequestRecord]) -> None:
+    """Mark outputs that loop; the guard reads the reasoning and the answer together (a
+    model can loop while thinking and never reach an answer)."""
+    for rec in records:
+        rec.looping = is_looping(f"{rec.reasoning_text}\n{rec.text}" if rec.reasoning_text else rec.text)
 
 
 async def _run_case(
@@ -55,39 +69,47 @@ async def _run_case(
     streams: aiohttp.ClientSession,
     endpoint: Endpoint,
     bench: BenchConfig,
-    case_name: str,
-    case: CaseConfig,
-    prompts: list[workload.Messages],
+    plan: CasePlan,
     trial: int,
 ) -> TrialRecord:
     url = f"{endpoint.base_url}/v1/chat/completions"
+    case = plan.case
     if bench.reset_prefix_cache:
         with contextlib.suppress(httpx.HTTPError):
             await client.post(f"{endpoint.base_url}/reset_prefix_cache", timeout=10.0)
-    before = await prometheus.scrape(client, endpoint.metrics_url)
-    sem = asyncio.Semaphore(case.concurrency)
+    before, cache_before = await _scrape(client, endpoint.metrics_url)
+    plan_window = window(plan, bench.seed, trial)
     started_at = time.time()
     t0 = time.perf_counter()
-
-    async def one(i: int) -> RequestRecord:
-        payload = chat_payload(
-            endpoint.model,
-            prompts[i],
-            max_tokens=case.max_tokens,
-            temperature=bench.temperature,
-            seed=bench.seed,
-            ignore_eos=case.ignore_eos,
-        )
-        async with sem:
-            return await stream_chat(streams, url, payload, index=i, t0=t0, timeout_s=bench.request_timeout_s)
-
-    records = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
-    for rec in records:
-        rec.looping = is_looping(rec.text)
+    records = await run_window(
+        streams,
+        url,
+        plan_window,
+        _defaults(endpoint, bench, plan),
+        timeout_s=bench.request_timeout_s,
+        t0=t0,
+    )
     duration = time.perf_counter() - t0
-    after = await prometheus.scrape(client, endpoint.metrics_url)
+    after, cache_after = await _scrape(client, endpoint.metrics_url)
+    check_loops(records)  # after the window: the check is not part of what is timed
+    reset = prometheus.reset_reason(before, after)
+    if reset is not None:
+        return TrialRecord(
+            case=plan.name,
+            trial=trial,
+            started_at=started_at,
+            duration_s=duration,
+            requests=records,
+            metrics={},
+            error=f"not a measurement: {reset}",
+        )
     acc = prometheus.delta(before, after)
-    metrics = trial_metrics(records, duration, case.concurrency)
+    metrics = trial_metrics(records, duration, plan.streams)
+    metrics.update(server_metrics(records, prometheus.server_window(before, after)))
+    metrics.update(traffic_metrics(records, duration, slo_of(bench), plan.open_loop))
+    hits = prefix_cache.hit_rate(cache_before, cache_after)
+    if hits is not None:
+        metrics["prefix_cache_hit_rate"] = hits
     if case.prompt_tokens is not None:
         # the server's own count must match the exact length asked for
         metrics["prompt_tokens_mismatch"] = float(
@@ -102,6 +124,8 @@ async def _run_case(
             rate=acc.rate,
             mean_length=acc.mean_length,
             per_position=list(acc.per_position),
+            consistent=acc.consistent,
+            inconsistency=acc.inconsistency,
         )
         if acc.rate is not None:
             metrics["acceptance_rate"] = acc.rate
@@ -110,7 +134,7 @@ async def _run_case(
         for pos, rate in enumerate(acc.per_position):
             metrics[f"acceptance_pos{pos}"] = rate
     return TrialRecord(
-        case=case_name,
+        case=plan.name,
         trial=trial,
         started_at=started_at,
         duration_s=duration,
@@ -137,12 +161,9 @@ class VariantBench:
         trials after the ones ``prior`` holds, and its results include them."""
         self.endpoint, self.bench, self.launch = endpoint, bench, launch
         self.say: Progress = progress or (lambda _msg: None)
-        self.prompts = {
-            name: _case_prompts(endpoint, bench, name, case, ci)
-            for ci, (name, case) in enumerate(bench.cases.items())
-        }
+        self.plans = plan_cases(bench, endpoint.tokenizer)
         self.trials: dict[str, list[TrialRecord]] = {
-            name: list((prior or {}).get(name, [])) for name in bench.cases
+            name: list((prior or {}).get(name, [])) for name in self.plans
         }
         self.first_trial = self.done
         self._client: httpx.AsyncClient | None = None  # control: /metrics, cache reset
@@ -173,77 +194,119 @@ class VariantBench:
 
     async def _warm_up(self) -> None:
         """Untimed requests on the first case's own prompts (its length, its ``ignore_eos``),
-        so the first timed trial does not pay vLLM's first-use costs of those shapes."""
+        so the first timed trial does not pay vLLM's first-use costs of those shapes.
+
+        The largest such cost is speculative: the ngram proposer is a numba kernel compiled
+        at its first call (3.2 s on this machine; vLLM's own trigger at start-up passes an
+        empty batch, which returns before the kernel runs), and without a warm-up the first
+        request of the first trial spent ~4 CPU-seconds more than the same request later
+        (243 against 121–136 ms of server CPU per token). So with speculation on, the
+        warm-up goes on (up to ``EXTRA_WARMUPS`` longer requests) until the server's
+        counters show that it has drafted."""
+        assert self._client is not None
+        planned = self.bench.warmup_requests
+        if not planned:
+            return
+        for i in range(planned):
+            self.say(f"warm-up {i + 1}/{planned}")
+            await self._warm_up_request(i, longer=False)
+        for extra in range(EXTRA_WARMUPS + 1):
+            snap = await prometheus.scrape(self._client, self.endpoint.metrics_url)
+            if not snap.has_spec or snap.drafts > 0:
+                return
+            if extra < EXTRA_WARMUPS:
+                self.say(f"warm-up: no draft yet, a longer request ({extra + 1}/{EXTRA_WARMUPS})")
+                await self._warm_up_request(planned + extra, longer=True)
+        self.say("warm-up: the server made no draft; the first trial may pay first-use costs")
+
+    async def _warm_up_request(self, i: int, longer: bool) -> None:
         assert self._streams is not None
         url = f"{self.endpoint.base_url}/v1/chat/completions"
-        first = next(iter(self.bench.cases), None)
-        for i in range(self.bench.warmup_requests):
-            self.say(f"warm-up {i + 1}/{self.bench.warmup_requests}")
-            messages, max_tokens, ignore_eos = workload.warmup_prompt(), 16, False
-            if first is not None:
-                case, prompts = self.bench.cases[first], self.prompts[first]
-                messages, ignore_eos = prompts[i % len(prompts)], case.ignore_eos
-                max_tokens = min(32, case.max_tokens)
+        first = next(iter(self.plans.values()), None)
+        if first is None:
             payload = chat_payload(
                 self.endpoint.model,
-                messages,
-                max_tokens=max_tokens,
+                workload.warmup_prompt(),
+                max_tokens=16,
                 temperature=self.bench.temperature,
                 seed=self.bench.seed,
-                ignore_eos=ignore_eos,
             )
-            rec = await stream_chat(
-                self._streams,
-                url,
-                payload,
-                index=i,
-                t0=time.perf_counter(),
-                timeout_s=self.bench.request_timeout_s,
-            )
-            if rec.error:
-                raise RuntimeError(f"warm-up request failed: {rec.error}")
+        else:
+            convs = first.conversations
+            payload = build_payload(convs[i % len(convs)][0], [], _defaults(self.endpoint, self.bench, first))
+            for key in ("max_tokens", "max_completion_tokens"):
+                if key in payload:
+                    payload[key] = min(128 if longer else 32, payload[key])
+        rec = await stream_chat(
+            self._streams,
+            url,
+            payload,
+            index=i,
+            t0=time.perf_counter(),
+            timeout_s=self.bench.request_timeout_s,
+        )
+        if rec.error:
+            raise RuntimeError(f"warm-up request failed: {rec.error}")
 
     async def run_trial(self, of: int) -> None:
         """One more trial of every case (cases in order, so drift spreads over all of them)."""
         assert self._client is not None and self._streams is not None, "use VariantBench with async with"
         t = self.done
-        for name, case in self.bench.cases.items():
+        for name, plan in self.plans.items():
             self.say(f"trial {t + 1}/{of} · {name}")
-            record = await _run_case(
-                self._client, self._streams, self.endpoint, self.bench, name, case, self.prompts[name], t
-            )
+            record = await _run_case(self._client, self._streams, self.endpoint, self.bench, plan, t)
             record.launch = self.launch
             self.trials[name].append(record)
 
     def results(self) -> dict[str, CaseResult]:
-        return {name: _case_result(name, case, self.trials[name]) for name, case in self.bench.cases.items()}
+        return {name: _case_result(plan, self.bench, self.trials[name]) for name, plan in self.plans.items()}
 
 
-def _case_result(name: str, case: CaseConfig, recs: list[TrialRecord]) -> CaseResult:
-    keys = sorted({k for r in recs for k in r.metrics})
+def _case_result(plan: CasePlan, bench: BenchConfig, recs: list[TrialRecord]) -> CaseResult:
+    ok = [r for r in recs if r.ok]
+    keys = sorted({k for r in ok for k in r.metrics})
     summary = {}
     for key in keys:
-        s = summarize(r.metrics[key] for r in recs if key in r.metrics)
+        s = summarize(r.metrics[key] for r in ok if key in r.metrics)
         if s is not None:
             summary[key] = s
+    # under open loop the offered load is fixed, so throughput says little: goodput (with
+    # objectives) or each request's own decode speed is what a better variant improves
+    primary = None
+    if plan.open_loop:
+        primary = "goodput_req_s" if slo_of(bench).active else "decode_tok_s"
     return CaseResult(
-        case=name,
-        concurrency=case.concurrency,
+        case=plan.name,
+        concurrency=plan.streams,
+        primary_metric=primary,
+        request_rate=plan.case.request_rate,
+        burstiness=plan.case.burstiness,
         trials=recs,
         summary=summary,
         failed_requests=sum(1 for r in recs for q in r.requests if not q.ok),
         looping_outputs=sum(1 for r in recs for q in r.requests if q.ok and q.looping),
+        failed_trials=len(recs) - len(ok),
+        server_disagreements=sum(
+            1 for r in ok if abs(r.metrics.get("client_server_gap", 0.0)) > SERVER_GAP_LIMIT
+        ),
+        acceptance_inconsistent=sum(
+            1 for r in ok if r.acceptance is not None and not r.acceptance.consistent
+        ),
     )
 
 
 def undecided(
-    cases: dict[str, CaseResult], baseline: dict[str, CaseResult] | None, confidence: float
+    cases: dict[str, CaseResult],
+    baseline: dict[str, CaseResult] | None,
+    confidence: float,
+    trust_loops: bool = False,
 ) -> list[str]:
-    """Cases whose main figure has no clear verdict against the baseline's cases yet."""
+    """Cases whose main figure has no clear verdict against the baseline's cases yet (a
+    case that is not trusted because its outputs loop is not helped by more trials)."""
     out = []
     for name, case in cases.items():
         base = (baseline or {}).get(name)
-        verdict = case_verdict(case, base, confidence) if base is not None else None
+        verdict = case_verdict(case, base, confidence, trust_loops) if base is not None else None
         if verdict is not None and verdict.verdict == "no clear difference":
             out.append(name)
     return out
@@ -262,10 +325,11 @@ async def measure(
         target = bench.trials
         while vb.done < target:
             await vb.run_trial(target)
+            base = baseline.cases if baseline else None
             if (
                 vb.done == target
                 and target < bench.max_trials
-                and undecided(vb.results(), baseline.cases if baseline else None, confidence)
+                and undecided(vb.results(), base, confidence, bench.trust_loops)
             ):
                 target = min(bench.max_trials, target + bench.trials)
         return vb.results()

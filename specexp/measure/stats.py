@@ -1,4 +1,4 @@
-"""Pure statistics over trials (reused by compare and tune later).
+"""Pure statistics over trials: summaries, outliers and verdicts against the baseline.
 
 One trial lies (seed 000: a "3.1 tok/s regression" was noise; five trials said 6.7 with
 a range of 6.4-10.2), so every figure is a median with its range, MAD and CV; a trial far
@@ -13,10 +13,12 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from specexp.measure.prometheus import ServerWindow
 from specexp.record.results import CaseResult, RequestRecord, Summary, VariantResult, Verdict
 
 OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut for the modified z-score
 OUTLIER_MIN_REL = 0.05  # and at least 5 % from the median: two near-equal trials make MAD tiny
+SERVER_GAP_LIMIT = 0.05  # client and server decode speed may differ by this much before it is flagged
 
 
 def mad(values: Sequence[float]) -> float:
@@ -79,9 +81,15 @@ def _rank_sum_counts(n: int, m: int) -> tuple[int, ...]:
 
 
 def _trim(n: int, m: int, confidence: float) -> int:
-    """How many of the n·m pairwise differences to drop at each end for an exact interval
-    (normal approximation with continuity correction past 25 x 25 trials, where the exact
-    table gets large and the approximation is good)."""
+    """Rank k of the interval's ends among the n·m sorted pairwise differences: the
+    interval is D(k) … D(nm+1-k) (1-based), the narrowest whose coverage
+    1 - 2·P(U <= k-1) is at least ``confidence``; 0 when no interval reaches it.
+
+    D(k) lies above the true shift exactly when at most k-1 differences fall below it,
+    which has the null probability P(U <= k-1); so k is one more than the largest d with
+    P(U <= d) <= (1 - confidence)/2 (R's ``wilcox.test`` takes the same D(q), q =
+    qwilcox(α/2, n, m)). Past 25 x 25 trials the exact table gets large and the normal
+    approximation with continuity correction gives the same k."""
     if n * m > 625:
         z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
         return max(0, math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12) + 0.5))
@@ -128,8 +136,8 @@ def compare(
     diffs = sorted(y - x for x in b for y in v)
     k = _trim(len(b), len(v), confidence)
     ratio = math.exp(statistics.median(diffs))
-    lo = math.exp(diffs[k]) if k else None
-    hi = math.exp(diffs[-1 - k]) if k else None
+    lo = math.exp(diffs[k - 1]) if k else None  # D(k), 1-based
+    hi = math.exp(diffs[-k]) if k else None  # D(nm+1-k)
     verdict: Literal["better", "worse", "no clear difference"] = "no clear difference"
     if lo is not None and lo > 1:
         verdict = "better" if higher_is_better else "worse"
@@ -193,27 +201,84 @@ def trial_metrics(records: Sequence[RequestRecord], duration_s: float, concurren
     ]
     if decode:
         out["decode_tok_s"] = statistics.median(decode)
+    reasoning = [r.reasoning_tokens for r in ok if r.reasoning_tokens is not None]
+    if reasoning:
+        out["reasoning_tokens"] = float(sum(reasoning))
+    return out
+
+
+def server_metrics(records: Sequence[RequestRecord], window: ServerWindow | None) -> dict[str, float]:
+    """The server's own decode speed over the window, and how far the client's is from it.
+
+    Both sides are totals over the window's requests, Σ(tokens − 1) / Σ decode time: the
+    server's from its histograms (first to last token of each request), the client's from
+    its windows (first to last chunk carrying choices). Compared only when every request
+    of the window, and nothing else, finished inside it: otherwise the totals are not of
+    the same requests.
+    """
+    ok = [r for r in records if r.ok and r.ttft_s is not None and r.latency_s is not None]
+    if window is None or window.requests != len(ok) or not ok:
+        return {}
+    out: dict[str, float] = {}
+    server = window.decode_tok_s
+    if server is not None:
+        out["server_decode_tok_s"] = server
+    if window.inverse_mean_tpot is not None:
+        out["server_inv_tpot_tok_s"] = window.inverse_mean_tpot
+    client_s = sum(r.latency_s - r.ttft_s for r in ok if r.latency_s is not None and r.ttft_s is not None)
+    client_tokens = sum(max(r.output_tokens - 1, 0) for r in ok)
+    if server and client_s > 0:
+        out["client_server_gap"] = client_tokens / client_s / server - 1
     return out
 
 
 def primary_metric(case: CaseResult) -> str:
-    """The figure a case is about: decode speed for one stream, aggregate output for several."""
+    """The figure a case is about: decode speed for one stream, aggregate output for several
+    (unless the case names its own, as an open-loop case does)."""
+    if case.primary_metric:
+        return case.primary_metric
     return "decode_tok_s" if case.concurrency == 1 else "output_tok_s"
 
 
-def attach_verdicts(result: VariantResult, baseline: VariantResult | None, confidence: float = 0.95) -> None:
+def attach_verdicts(
+    result: VariantResult, baseline: VariantResult | None, confidence: float = 0.95, trust_loops: bool = False
+) -> None:
     """Set each case's verdict against the same case of the baseline (trial values, not medians)."""
     if baseline is None:
         return
     for name, case in result.cases.items():
         base = baseline.cases.get(name)
         if base is not None:
-            case.verdict = case_verdict(case, base, confidence)
+            case.verdict = case_verdict(case, base, confidence, trust_loops)
 
 
-def case_verdict(case: CaseResult, base: CaseResult, confidence: float = 0.95) -> Verdict | None:
-    """A case's main figure against the same case of the baseline, trial by trial."""
-    key = primary_metric(case)
-    b = [t.metrics[key] for t in base.trials if key in t.metrics]
-    v = [t.metrics[key] for t in case.trials if key in t.metrics]
-    return compare(key, b, v, confidence=confidence)
+def case_verdict(
+    case: CaseResult, base: CaseResult, confidence: float = 0.95, trust_loops: bool = False
+) -> Verdict | None:
+    """A case's main figure against the same case of the baseline, trial by trial.
+
+    Failed trials (windows that are not measurements) take no part. When the outputs of
+    either side loop, prompt lookup "accepts" the repetition and the speed-up is not
+    real, so no winner is named ("not trusted"), whatever the interval says;
+    ``trust_loops`` (``bench.trust_loops``) is for workloads that loop on purpose.
+    """
+    verdict = metric_verdict(case, base, primary_metric(case), confidence)
+    if verdict is not None and not trust_loops and (case.looping_outputs or base.looping_outputs):
+        verdict.verdict = "not trusted"
+        verdict.reason = (
+            f"outputs loop ({case.looping_outputs} here, {base.looping_outputs} at the baseline): "
+            "speed and acceptance are inflated"
+        )
+    return verdict
+
+
+def metric_verdict(
+    case: CaseResult, base: CaseResult, metric: str, confidence: float = 0.95, higher_is_better: bool = True
+) -> Verdict | None:
+    """Any per-trial figure of a case against the baseline's, over the trials that are
+    measurements: the Hodges-Lehmann ratio and its interval, as the table shows them (the
+    ratio to log as ``<case>.<metric>.vs_baseline``, not a ratio of medians, which can
+    fall outside its own interval)."""
+    b = [t.metrics[metric] for t in base.trials if t.ok and metric in t.metrics]
+    v = [t.metrics[metric] for t in case.trials if t.ok and metric in t.metrics]
+    return compare(metric, b, v, higher_is_better=higher_is_better, confidence=confidence)

@@ -1,32 +1,20 @@
 """Result files: one folder per sweep, one per variant; every write is atomic.
 
 A reader (or a resumed sweep) never sees half a file: each file is written to
-a temporary name in the same folder and renamed into place.
+a temporary name in the same folder and renamed into place (``atomic_write_text``, the
+checkpoint tools' writer: one implementation for both).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from checkpoints_tools.files import atomic_write as atomic_write_text
 from specexp.record.results import CaseResult
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

@@ -37,6 +37,9 @@ class FolderRecorder:
         atomic_write_text(folder / "config.yaml", yaml.safe_dump(variant.resolved, sort_keys=False))
         atomic_write_json(folder / "launch.json", result.launch)
 
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None:
+        atomic_write_json(folder / "launch.json", result.launch)
+
     def tag(self, variant: Variant, key: str, value: str) -> None:
         """Tags are for the tracking store; the folder has them in result.json's notes."""
 

@@ -49,29 +49,16 @@ def artifact_root(cfg: TrackingConfig) -> Path:
 def variant_metrics(result: VariantResult) -> dict[str, float]:
     """The headline of a variant: per case its main figure (median over trials), the
     Hodges-Lehmann ratio to the baseline that the table shows and its interval, the
-    verdict (+1 better, -1 worse, 0 none), acceptance, TTFT and fairness."""
+    verdict (+1 better, -1 worse, 0 none), acceptance, TTFT and fairness.
+
+    Order matters: MLflow's compare page plots the first metric every run shares, so the
+    cases' main figures come first and startup last."""
     out: dict[str, float] = {}
-    if result.ready_s is not None:
-        out["startup.ready_s"] = result.ready_s
-    if result.suite is not None:
-        suite = result.suite
-        out["regression.passed"] = float(suite.passed)
-        out["regression.failed"] = float(suite.failed)
-        out["regression.not_run"] = float(suite.not_run)
-        out["regression.regressions"] = float(len(suite.regressions))
-        if suite.equivalence_rate is not None:
-            out["equivalence.rate"] = suite.equivalence_rate
     for case, cr in result.cases.items():
         main = primary_metric(cr)
         if main in cr.summary:
             out[f"{case}.{main}"] = cr.summary[main].median
-        for metric in _HEADLINE:
-            if metric in cr.summary:
-                out[f"{case}.{metric}"] = cr.summary[metric].median
-        if cr.failed_requests:
-            out[f"{case}.failed_requests"] = float(cr.failed_requests)
-        if cr.looping_outputs:
-            out[f"{case}.looping_outputs"] = float(cr.looping_outputs)
+    for case, cr in result.cases.items():
         v = cr.verdict
         if v is not None:
             out[f"{case}.{v.metric}.vs_baseline"] = v.ratio
@@ -79,6 +66,34 @@ def variant_metrics(result: VariantResult) -> dict[str, float]:
                 out[f"{case}.{v.metric}.vs_baseline_ci_low"] = v.ci_low
                 out[f"{case}.{v.metric}.vs_baseline_ci_high"] = v.ci_high
             out[f"{case}.verdict"] = {"better": 1.0, "worse": -1.0}.get(v.verdict, 0.0)
+        for metric in _HEADLINE:
+            if metric in cr.summary:
+                out[f"{case}.{metric}"] = cr.summary[metric].median
+        if cr.failed_requests:
+            out[f"{case}.failed_requests"] = float(cr.failed_requests)
+        if cr.looping_outputs:
+            out[f"{case}.looping_outputs"] = float(cr.looping_outputs)
+    if result.suite is not None:
+        suite = result.suite
+        out["regression.passed"] = float(suite.passed)
+        out["regression.failed"] = float(suite.failed)
+        out["regression.not_run"] = float(suite.not_run)
+        out["regression.regressions"] = float(len(suite.regressions))
+        out["regression.flaky"] = float(len(suite.flaky))
+        if suite.equivalence_rate is not None:
+            out["equivalence.rate"] = suite.equivalence_rate
+        if suite.self_equivalence_rate is not None:
+            out["equivalence.self_rate"] = suite.self_equivalence_rate
+        if suite.baseline_self_equivalence is not None:
+            out["equivalence.baseline_self_rate"] = suite.baseline_self_equivalence
+        if suite.divergence_p is not None:
+            out["equivalence.divergence_p"] = suite.divergence_p
+        if suite.diverges_beyond_noise is not None:
+            out["equivalence.beyond_noise"] = float(suite.diverges_beyond_noise)
+    if isinstance(result.effective.get("nccl.busbw_gbs"), int | float):  # the NCCL preflight
+        out["nccl.busbw_gbs"] = float(result.effective["nccl.busbw_gbs"])
+    if result.ready_s is not None:
+        out["startup.ready_s"] = result.ready_s
     return out
 
 
@@ -99,8 +114,6 @@ class MlflowRecorder:
         # a store that does not answer must fail within seconds, not after minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
         self.cfg = cfg
         self.uri = tracking_uri(cfg)
         self._client: MlflowClient | None = None
@@ -112,6 +125,10 @@ class MlflowRecorder:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
+            # mlflow sets its logger to INFO when imported and logs a traceback before raising
+            # a store error; specexp reports a failing store itself, in one line
+            logging.getLogger("mlflow").setLevel(logging.CRITICAL)
+            logging.getLogger("alembic").setLevel(logging.WARNING)
             client = MlflowClient(tracking_uri=self.uri)
             exp = client.get_experiment_by_name(self.cfg.experiment)
             if exp is None:
@@ -179,6 +196,10 @@ class MlflowRecorder:
         params["spec.num_speculative_tokens"] = variant.config.spec.depth
         self._log_params(run.info.run_id, params)
 
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None:
+        if result.launch.get("base_url"):
+            self.tag(variant, "specexp.base_url", str(result.launch["base_url"]))
+
     def tag(self, variant: Variant, key: str, value: str) -> None:
         run_id = self._run_of(variant.hash)
         if run_id is not None:
@@ -206,6 +227,8 @@ class MlflowRecorder:
                 tags["specexp.error"] = result.error[:5000]
             if result.suite is not None and result.suite.regressions:
                 tags["specexp.regressions"] = ", ".join(result.suite.regressions)
+            if result.suite is not None and result.suite.flaky:
+                tags["specexp.flaky"] = ", ".join(result.suite.flaky)
             if any(cr.looping_outputs for cr in result.cases.values()):
                 tags["specexp.degenerate_output"] = "true"
             if result.same_run_as:
@@ -263,6 +286,35 @@ class MlflowRecorder:
 
         ts = _now_ms()
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])
+
+    def log_run(
+        self,
+        run_name: str,
+        tags: dict[str, str],
+        params: dict[str, Any],
+        metrics: list[tuple[str, float, int]],
+        artifacts: list[Path],
+        ok: bool,
+    ) -> str:
+        """A run of its own (not part of a sweep), e.g. ``restarts``: ``metrics`` are
+        (key, value, step); closed FINISHED or FAILED once everything is logged."""
+        from mlflow.entities import Metric
+
+        client = self.client
+        run_id: str = client.create_run(self._experiment(), run_name=run_name, tags=tags).info.run_id
+        try:
+            self._log_params(run_id, params)
+            ts = _now_ms()
+            batch = [Metric(k, float(v), ts, step) for k, v, step in metrics]
+            for i in range(0, len(batch), 900):
+                client.log_batch(run_id, metrics=batch[i : i + 900])
+            for path in artifacts:
+                client.log_artifact(run_id, str(path))
+        except BaseException:
+            client.set_terminated(run_id, status="FAILED")
+            raise
+        client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
+        return run_id
 
     # -- helpers -------------------------------------------------------------------------
     def _experiment(self) -> str:

@@ -16,13 +16,21 @@ from typing import Protocol
 
 from specexp.config.sweep_plan import SweepPlan
 from specexp.config.variant import Variant
+from specexp.errors import SpecexpError
 from specexp.record.results import SweepResult, VariantResult
+
+
+class ResultsLost(SpecexpError):
+    """The result folder cannot be written (unwritable, full)."""
 
 
 class Recorder(Protocol):
     def start_sweep(self, sweep: SweepResult, plan: SweepPlan, folder: Path) -> None: ...
 
     def start_variant(self, variant: Variant, result: VariantResult, folder: Path) -> None: ...
+
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None:
+        """The server started: ``result.launch`` now holds the plan as launched (its ports)."""
 
     def tag(self, variant: Variant, key: str, value: str) -> None:
         """An event worth filtering runs by (a checkpoint autofix, a substituted backend)."""
@@ -44,8 +52,18 @@ class RecorderSet:
         self.warn = warn
         self.sweep: SweepResult | None = None
 
+    def _primary(self, call: Callable[[Recorder], None]) -> None:
+        try:
+            call(self.primary)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise ResultsLost(
+                f"results folder: cannot write{where}: {exc.strerror or exc}; the sweep stops, because "
+                "results that cannot be kept are not worth measuring (what was written is whole)"
+            ) from None
+
     def _each(self, call: Callable[[Recorder], None]) -> None:
-        call(self.primary)
+        self._primary(call)
         for sink in list(self.sinks):
             try:
                 call(sink)
@@ -66,6 +84,9 @@ class RecorderSet:
     def start_variant(self, variant: Variant, result: VariantResult, folder: Path) -> None:
         self._each(lambda r: r.start_variant(variant, result, folder))
 
+    def launched(self, variant: Variant, result: VariantResult, folder: Path) -> None:
+        self._each(lambda r: r.launched(variant, result, folder))
+
     def tag(self, variant: Variant, key: str, value: str) -> None:
         self._each(lambda r: r.tag(variant, key, value))
 
@@ -83,4 +104,4 @@ class RecorderSet:
                 self.sinks.remove(sink)
                 sweep.tracking.error = f"{type(exc).__name__}: {exc}"[:300]
                 self.warn(f"tracking store unavailable at the end of the sweep ({sweep.tracking.error})")
-        self.primary.end_sweep(sweep, folder)
+        self._primary(lambda r: r.end_sweep(sweep, folder))

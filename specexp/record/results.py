@@ -22,16 +22,32 @@ class RequestRecord(_Model):
     index: int
     start_s: float
     send_delay_s: float = 0.0  # client-side: start → request body on the socket (not in TTFT)
-    ttft_s: float | None = None  # request sent → first content
-    itl_s: list[float] = Field(default_factory=list)  # gaps between content chunks
-    latency_s: float | None = None  # request sent → last content chunk
+    ttft_s: float | None = None  # request sent → first chunk carrying choices
+    itl_s: list[float] = Field(default_factory=list)  # gaps between chunks carrying choices
+    latency_s: float | None = None  # request sent → last chunk carrying choices (finish included)
     prompt_tokens: int | None = None
-    output_tokens: int = 0
-    chunks: int = 0
+    output_tokens: int = 0  # from the usage block: reasoning and answer tokens together
+    reasoning_tokens: int | None = None  # of output_tokens; None when there was no reasoning
+    reasoning_tokens_source: Literal["usage", "estimate"] | None = None  # estimate: by characters
+    chunks: int = 0  # chunks carrying answer text
+    reasoning_chunks: int = 0  # chunks carrying reasoning text
+    tool_call_chunks: int = 0  # chunks carrying tool-call deltas
     finish_reason: str | None = None
-    text: str = ""
+    text: str = ""  # the answer
+    reasoning_text: str = ""  # the reasoning, as the server's reasoning parser split it off
     error: str | None = None
-    looping: bool = False  # the text repeats itself (see measure.degenerate)
+    looping: bool = False  # reasoning or answer repeats itself (see measure.degenerate)
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.output_tokens - (self.reasoning_tokens or 0)
+
+    # where the request came from in its workload, and when it was due (see measure.loadgen)
+    slice: str | None = None
+    session: str | None = None
+    turn: int = 0  # position in its conversation (0: the first request)
+    scheduled_s: float | None = None  # due time from the trial start (open loop, later turns)
+    late_s: float | None = None  # request on the socket minus its due time
 
     @property
     def ok(self) -> bool:
@@ -45,6 +61,8 @@ class AcceptanceRecord(_Model):
     rate: float | None
     mean_length: float | None
     per_position: list[float]
+    consistent: bool = True  # mean length == 1 + Σ per-position rates (see measure.prometheus)
+    inconsistency: str | None = None
 
 
 class TrialRecord(_Model):
@@ -58,7 +76,14 @@ class TrialRecord(_Model):
     requests: list[RequestRecord]
     metrics: dict[str, float]
     acceptance: AcceptanceRecord | None = None
-    error: str | None = None  # why this window is not data (the server died in it, counters reset)
+    # a window that is not a measurement (the server's counters were reset inside it, the
+    # server died or stopped answering in it): kept for the record, left out of every
+    # summary and verdict
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 class Summary(_Model):
@@ -75,10 +100,12 @@ class Verdict(_Model):
     """A variant against its baseline: the ratio (Hodges-Lehmann) with an exact rank interval."""
 
     metric: str
-    ratio: float  # median of the pairwise ratios variant/baseline over trials
+    ratio: float  # median of the pairwise ratios variant/baseline over trials (Hodges-Lehmann)
     ci_low: float | None  # None: too few trials for any interval at this confidence
     ci_high: float | None
-    verdict: Literal["better", "worse", "no clear difference"]
+    # "not trusted": outputs loop, so speed and acceptance are inflated whatever the interval says
+    verdict: Literal["better", "worse", "no clear difference", "not trusted"]
+    reason: str | None = None  # why a verdict is not trusted
     confidence: float = 0.95
     n_baseline: int = 0
     n_variant: int = 0
@@ -91,11 +118,24 @@ class CaseResult(_Model):
     summary: dict[str, Summary]  # metric name -> median [min, max] over trials
     failed_requests: int = 0
     looping_outputs: int = 0  # outputs that loop: acceptance and speed of this case are inflated
+    primary_metric: str | None = None  # the figure verdicts use, when not the default for its concurrency
+    request_rate: float | None = None  # open loop: requests/s offered (None: closed loop or a trace)
+    burstiness: float = 1.0  # open loop: shape of the gamma-distributed gaps (1: Poisson)
     verdict: Verdict | None = None  # the case's main figure against the baseline
+    failed_trials: int = 0  # windows that are not measurements (TrialRecord.error)
+    # trials whose client decode speed and the server's own differ by more than 5 %
+    server_disagreements: int = 0
+    acceptance_inconsistent: int = 0  # trials whose acceptance counters disagree with each other
 
 
 class SuiteCaseResult(_Model):
-    """One suite case on one variant: the answer, the check's verdict, and against the baseline."""
+    """One suite case on one variant: the answer, the check's verdict, and against the baseline.
+
+    A pass→fail flip is a regression only when it reproduces: the baseline passed both its
+    answers (its own run and its second pass) and the variant failed both of its (its run
+    and one re-ask). Any other flip is ``flaky``: speculative decoding is lossless only up
+    to numerics, and so is a plain greedy run across batch shapes.
+    """
 
     name: str
     check: str  # the check kind
@@ -103,20 +143,35 @@ class SuiteCaseResult(_Model):
     reason: str
     output: str = ""
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    token_ids: list[int] | None = None  # the generated ids as the server reported them
     finish_reason: str | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
+    # baseline only: its second answer (other batch shape), and whether it was the same
+    repeat_passed: bool | None = None
+    repeat_equivalent: bool | None = None
+    repeat_divergence: int | None = None
+    # variants: against the baseline
     baseline_passed: bool | None = None
-    regression: bool = False  # passes at the baseline, fails here
+    baseline_stable: bool | None = None  # the baseline answered this case the same way twice
+    recheck_passed: bool | None = None  # the variant's re-ask of a pass→fail flip
+    recheck_reason: str | None = None
+    regression: bool = False  # a flip that reproduced
+    flaky: bool = False  # a flip that did not
     equivalent: bool | None = None  # same output as the baseline (greedy decoding)
     first_divergence: int | None = None  # first differing position (see divergence_unit)
-    divergence_unit: Literal["token", "char"] = "token"
+    divergence_unit: Literal["token", "retokenized", "char"] = "token"
 
 
 class SuiteResult(_Model):
     name: str
     cases: list[SuiteCaseResult]
     wall_s: float = 0.0
+    repeat: SuiteResult | None = None  # baseline: every case asked again, all at once
+    # variants: the baseline's agreement with itself, and whether this variant diverges clearly more
+    baseline_self_equivalence: float | None = None
+    divergence_p: float | None = None  # one-sided exact McNemar test (see suite.runner)
+    diverges_beyond_noise: bool | None = None
 
     @property
     def passed(self) -> int:
@@ -135,8 +190,18 @@ class SuiteResult(_Model):
         return [c.name for c in self.cases if c.regression]
 
     @property
+    def flaky(self) -> list[str]:
+        return [c.name for c in self.cases if c.flaky]
+
+    @property
     def equivalence_rate(self) -> float | None:
         judged = [c.equivalent for c in self.cases if c.equivalent is not None]
+        return sum(judged) / len(judged) if judged else None
+
+    @property
+    def self_equivalence_rate(self) -> float | None:
+        """Baseline: the share of cases answered identically in both passes."""
+        judged = [c.repeat_equivalent for c in self.cases if c.repeat_equivalent is not None]
         return sum(judged) / len(judged) if judged else None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from specexp.config.schema import TrackingConfig
+from specexp.config.variant import Variant
 from specexp.errors import ConfigError
 from specexp.record.folder import SWEEP_FILE
 from specexp.record.results import SweepResult, VariantResult
@@ -141,3 +142,26 @@ def runs_of_sweep(tracking: TrackingConfig, sweep_name: str) -> list[str]:
         order_by=["attributes.start_time ASC"],
     )
     return [r.info.run_id for r in runs]
+
+
+def stored_config(folder: Path, result: VariantResult) -> Variant:
+    """The Variant a stored result was measured with, rebuilt from its ``config.yaml``."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from specexp.config.schema import Config
+
+    try:
+        resolved = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), resolved))
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(f"cannot read {folder / 'config.yaml'}: {exc}") from None
+    assert isinstance(config, Config)
+    return Variant(
+        config=config,
+        resolved=resolved,
+        overrides=tuple(result.overrides),
+        label=result.label,
+        is_baseline=result.is_baseline,
+        baseline_hash=result.baseline_hash,
+    )

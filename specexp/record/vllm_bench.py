@@ -20,11 +20,12 @@ from specexp.record.files import atomic_write_json, safe_name
 from specexp.record.results import CaseResult, TrialRecord, VariantResult
 
 
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+def _p99(values: list[float]) -> float:
+    """vLLM's ``np.percentile(values, 99)`` (linear interpolation), which is what the
+    inclusive method of ``statistics.quantiles`` computes."""
+    if len(values) == 1:  # quantiles wants two points (before Python 3.13)
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def _dist(name: str, values_s: list[float]) -> dict[str, float]:
@@ -40,7 +41,7 @@ def _dist(name: str, values_s: list[float]) -> dict[str, float]:
         f"mean_{name}_ms": statistics.fmean(ms),
         f"median_{name}_ms": statistics.median(ms),
         f"std_{name}_ms": statistics.pstdev(ms),
-        f"p99_{name}_ms": _percentile(ms, 99),
+        f"p99_{name}_ms": _p99(ms),
     }
 
 
@@ -63,8 +64,8 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
         "model_id": model_id,
         "tokenizer_id": model_id,
         "num_prompts": len(trial.requests),
-        "request_rate": "inf",
-        "burstiness": 1.0,
+        "request_rate": case.request_rate if case.request_rate is not None else "inf",
+        "burstiness": case.burstiness,
         "max_concurrency": case.concurrency,
         "duration": dur,
         "completed": len(ok),
@@ -72,7 +73,7 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / dur if dur else 0.0,
-        "request_goodput": None,
+        "request_goodput": trial.metrics.get("goodput_req_s"),
         "output_throughput": out_tokens / dur if dur else 0.0,
         "total_token_throughput": (in_tokens + out_tokens) / dur if dur else 0.0,
         **_dist("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]),
@@ -96,7 +97,15 @@ def run_record(variant: Variant, model_id: str, case: CaseResult, trial: TrialRe
             "spec_decode_accepted_tokens": acc.accepted,
             "spec_decode_per_position_acceptance_rates": acc.per_position,
         }
-    for key in ("ttft_spread_ms", "ttft_max_ms", "jain_index", "looping_outputs", "decode_tok_s"):
+    for key in (
+        "ttft_spread_ms",
+        "ttft_max_ms",
+        "jain_index",
+        "looping_outputs",
+        "decode_tok_s",
+        "prefix_cache_hit_rate",
+        "send_late_p99_ms",
+    ):
         if key in trial.metrics:
             rec[f"specexp_{key}"] = trial.metrics[key]
     rec |= {"specexp_variant_hash": variant.hash, "specexp_case": case.case}

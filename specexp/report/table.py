@@ -61,18 +61,40 @@ def _case_cells(cr: CaseResult) -> list[str]:
     speed = fmt_range(summary)
     if summary is not None and summary.outliers:
         speed += f" [yellow]!{len(summary.outliers)}[/yellow]"
+    if cr.server_disagreements:
+        speed += f" [yellow]≠srv{cr.server_disagreements}[/yellow]"
+    if cr.failed_trials:
+        speed += f" [red]✗{cr.failed_trials}[/red]"
     if cr.verdict is not None:
         mark = {"better": "[green]▲[/green]", "worse": "[red]▼[/red]"}.get(cr.verdict.verdict, "≈")
-        if cr.verdict.ci_low is None:
+        if cr.verdict.verdict == "not trusted":
+            mark = "[red]⟳[/red]"  # outputs loop: no winner, whatever the interval says
+        elif cr.verdict.ci_low is None:
             mark = "?"  # too few trials for any interval: no verdict possible
         speed += f" ×{cr.verdict.ratio:.2f}{mark}"
     spread, jain = cr.summary.get("ttft_spread_ms"), cr.summary.get("jain_index")
     fairness = f"{spread.median:.0f} / {jain.median:.2f}" if spread and jain else "–"
     rate, length = cr.summary.get("acceptance_rate"), cr.summary.get("acceptance_length")
     acc = f"{rate.median * 100:.0f}% / {length.median:.2f}" if rate and length else "–"
+    if cr.acceptance_inconsistent:
+        acc += f" [red]Σ≠{cr.acceptance_inconsistent}[/red]"
     if cr.looping_outputs:
         acc += " [red]⟳ loops[/red]"
-    return [speed, fmt_range(cr.summary.get("ttft_ms"), digits=0), fairness, acc]
+    if key == "goodput_req_s":
+        speed += " good req/s"
+    return [speed, fmt_range(cr.summary.get("ttft_ms"), digits=0), fairness, acc, _traffic_cell(cr)]
+
+
+def _traffic_cell(cr: CaseResult) -> str:
+    """Prefix-cache hits, the share of requests within the objectives, open-loop send lateness."""
+    parts = []
+    if (hit := cr.summary.get("prefix_cache_hit_rate")) is not None:
+        parts.append(f"hit {hit.median:.0%}")
+    if (good := cr.summary.get("good_fraction")) is not None:
+        parts.append(f"good {good.median:.0%}")
+    if (late := cr.summary.get("send_late_p99_ms")) is not None:
+        parts.append(f"late {late.max:.1f}ms")
+    return " · ".join(parts) or "–"
 
 
 def summary_table(results: list[VariantResult]) -> Table:
@@ -86,12 +108,13 @@ def summary_table(results: list[VariantResult]) -> Table:
         ("TTFT ms", "right"),
         ("spread ms / Jain", "right"),
         ("accept", "right"),
+        ("traffic", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in results:
         ready = f"{r.ready_s:.1f}" if r.ready_s else "–"
         if r.status != "ok":
-            table.add_row(r.label, ready, f"[red]{r.status}[/red]", (r.error or "")[:60], "", "", "")
+            table.add_row(r.label, ready, f"[red]{r.status}[/red]", (r.error or "")[:60], "", "", "", "")
             continue
         for i, (name, cr) in enumerate(r.cases.items()):
             last = i == len(r.cases) - 1
@@ -102,15 +125,22 @@ def summary_table(results: list[VariantResult]) -> Table:
         "tok/s: decode speed per stream for single-stream cases, aggregate output for concurrent ones; "
         "×n: ratio to the no-speculation baseline (median pairwise ratio of trials), ▲/▼ when its "
         "exact 95 % rank interval excludes 1, ≈ when it does not (no clear difference: take the simpler "
-        "config), ? when too few trials for any interval; !n: trials flagged as outliers (kept); "
+        "config), ? when too few trials for any interval, ⟳ when outputs loop (not trusted: no "
+        "winner; bench.trust_loops=true names one); !n: trials flagged as outliers (kept); ≠srvN: N "
+        "trials whose decode speed differs from the server's own histograms by more than 5 %; ✗N: N "
+        "windows that are not measurements (server counters reset; left out); "
         "spread / Jain: TTFT max − min across streams and Jain's index of per-stream throughput; "
-        "accept: acceptance rate / mean length; ⟳: outputs loop, so speed and acceptance are inflated"
+        "accept: acceptance rate / mean length, Σ≠N: N windows whose mean length is not 1 + Σ "
+        "per-position rates; ⟳ loops: outputs loop, so speed and acceptance are inflated; "
+        "traffic: prefix-cache hit rate, share of requests within bench.slo, worst p99 send lateness "
+        "(open loop); good req/s: goodput, the figure an open-loop case is judged on"
     )
     return table
 
 
 def describe_suite(suite: SuiteResult) -> str:
-    """One line: passed/failed/not run, regressions by name, equivalence rate."""
+    """One line: passed/failed/not run, regressions and flaky flips by name, equivalence
+    beside the baseline's agreement with itself."""
     parts = [f"suite {suite.name}: {suite.passed}/{len(suite.cases)} passed"]
     if suite.failed:
         parts.append(f"{suite.failed} failed")
@@ -118,8 +148,18 @@ def describe_suite(suite: SuiteResult) -> str:
         parts.append(f"{suite.not_run} not run")
     regs = suite.regressions
     parts.append(f"{len(regs)} regression(s)" + (f": {', '.join(regs)}" if regs else ""))
+    if suite.flaky:
+        parts.append(f"flaky (did not reproduce): {', '.join(suite.flaky)}")
+    if suite.self_equivalence_rate is not None:
+        parts.append(f"answers the same in a second pass on {suite.self_equivalence_rate:.0%}")
     if suite.equivalence_rate is not None:
-        parts.append(f"greedy-equivalent to the baseline on {suite.equivalence_rate:.0%}")
+        own = suite.baseline_self_equivalence
+        parts.append(
+            f"greedy-equivalent to the baseline on {suite.equivalence_rate:.0%}"
+            + (f" (the baseline to itself: {own:.0%})" if own is not None else "")
+        )
+    if suite.diverges_beyond_noise:
+        parts.append(f"diverges beyond the baseline's own noise (p={suite.divergence_p:.3f})")
     return ", ".join(parts)
 
 
@@ -127,8 +167,12 @@ def _suite_cell(case: SuiteCaseResult) -> str:
     mark = {True: "[green]✓[/green]", False: "[red]✗[/red]", None: "–"}[case.passed]
     if case.regression:
         mark = "[bold red]✗ regression[/bold red]"
+    elif case.flaky:
+        mark = "[yellow]✗ flaky[/yellow]"
     if case.first_divergence is not None:
-        mark += f" ≠@{case.first_divergence}"
+        mark += f" ≠@{case.first_divergence}" + ("~" if case.baseline_stable is False else "")
+    if case.repeat_divergence is not None:
+        mark += f" ≠@{case.repeat_divergence}~"
     return mark
 
 
@@ -156,7 +200,8 @@ def suite_table(results: list[VariantResult]) -> Table:
             cells.append(_suite_cell(case) if case else "")
         table.add_row(name, check, *cells)
     table.caption = (
-        "✓ pass · ✗ fail · – not run here (server flag or sandbox missing) · regression: passes at the "
-        "baseline, fails in the variant · ≠@n: output differs from the baseline's from token n on"
+        "✓ pass · ✗ fail · – not run here (server flag or sandbox missing) · regression: passes twice at "
+        "the baseline, fails twice in the variant · flaky: such a flip that did not reproduce · ≠@n: "
+        "output differs from the baseline's from token n on · ~: the baseline's own two answers differ"
     )
     return table

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,11 +31,11 @@ from specexp.assets import embedded
 from specexp.config.sweep_plan import SweepPlan
 from specexp.config.variant import Variant
 from specexp.errors import ConfigError, LaunchError, ValidationFailed
-from specexp.launch.base import Launcher, create_launcher, launcher_class
+from specexp.launch.base import Launcher, create_launcher, launcher_class, target_device
 from specexp.launch.plan import EMBEDDED_PREFIX, LaunchPlan, build_plan
 from specexp.launch.preflight import check_checkpoint
 from specexp.launch.validate import ValidationResult, validate_plans
-from specexp.measure import workload
+from specexp.measure.traffic import check_bench
 from specexp.record.files import variant_dir
 from specexp.record.folder import FolderRecorder
 from specexp.record.recorder import Recorder, RecorderSet
@@ -54,21 +56,32 @@ class SweepOutcome:
 
 # -- before anything starts ---------------------------------------------------------------
 def check_inputs(variants: list[Variant]) -> None:
-    """A bad suite case or an unknown workload is a one-line error before anything starts."""
+    """A bad suite case, an unknown workload or a bad record in a workload file is a one-line
+    error before anything starts."""
     for v in variants:
         parse_cases(v.config.suite.cases, v.config.suite.name)
-        for case in v.config.bench.cases.values():
-            workload.load(case.workload or v.config.bench.workload)
+        check_bench(v.config.bench)
 
 
-def launch_plans(variants: list[Variant], *, resolve_model: bool = True) -> list[LaunchPlan]:
-    return [build_plan(v, resolve_model=resolve_model) for v in variants]
+def launch_plans(
+    variants: list[Variant], *, resolve_model: bool = True, connect: bool = True
+) -> list[LaunchPlan]:
+    """Each variant's plan, for the device of the node that serves it (asked once per
+    distinct launcher setting; a dry run never connects anywhere)."""
+    devices: dict[str, str | None] = {}
+    plans = []
+    for v in variants:
+        key = json.dumps(v.resolved.get("launcher"), sort_keys=True, default=str)
+        if key not in devices:
+            devices[key] = target_device(v.config.launcher, connect=connect)
+        plans.append(build_plan(v, device=devices[key], resolve_model=resolve_model))
+    return plans
 
 
 def dry_run(variants: list[Variant], console: Console, validate: bool = True) -> list[ValidationResult]:
     """Print every variant's exact argv and env, and what vLLM's own checks say about it."""
     check_inputs(variants)
-    plans = launch_plans(variants)
+    plans = launch_plans(variants, connect=False)
     checks: list[ValidationResult | None] = list(validate_plans(plans)) if validate else [None] * len(plans)
     console.print(f"{len(plans)} variant(s)", highlight=False)
     for i, (variant, plan, check) in enumerate(zip(variants, plans, checks, strict=True)):
@@ -117,6 +130,27 @@ def _build_models(variants: list[Variant], console: Console) -> None:
             embedded.build(model)
 
 
+MIN_FREE_BYTES = 50 * 2**20  # a sweep writes logs and every request: refuse to start on less
+
+
+def check_writable(folder: Path) -> None:
+    """The results must be keepable before anything is measured: the folder (or its nearest
+    existing parent) takes a file, and has room. Nothing is left behind by the check."""
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".specexp-probe-")
+        os.close(fd)
+        Path(name).unlink()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"results folder {folder}: cannot write in {probe} ({reason})") from None
+    free = shutil.disk_usage(probe).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(f"results folder {folder}: only {free // 1024} KiB free in {probe}; need 50 MiB")
+
+
 # -- resume ---------------------------------------------------------------------------------
 @dataclass
 class _Resumed:
@@ -150,11 +184,15 @@ def _find_resumable(plan: SweepPlan, name: str | None) -> _Resumed:
                 "resume with the same overrides, or start a new sweep"
             )
     else:
-        matching = [f for f in list_sweeps(plan.results_dir) if load_sweep(f).plan == want]
+        sweeps = list_sweeps(plan.results_dir)
+        matching = [f for f in sweeps if load_sweep(f).plan == want]
         if not matching:
-            raise ConfigError(
-                f"no sweep under {plan.results_dir} has this plan to resume; run without --resume"
+            latest = (
+                f"; the latest, {sweeps[-1].name}: {_describe_difference(want, load_sweep(sweeps[-1]).plan)}"
+                if sweeps
+                else "; run without --resume"
             )
+            raise ConfigError(f"no sweep under {plan.results_dir} has this plan to resume{latest}")
         folder = matching[-1]
         sweep = load_sweep(folder)
     folders = variant_folders(folder)
@@ -212,6 +250,7 @@ def run_sweep(
     for kind in sorted({v.config.launcher.kind for v in variants}):
         launcher_class(kind)  # a kind this build cannot run is one line, before anything starts
     resumed = _find_resumable(plan, resume_name) if resume else None
+    check_writable(resumed.folder if resumed else plan.results_dir)
     _build_models(variants, console)
     plans = launch_plans(variants)
     todo = [i for i, v in enumerate(variants) if resumed is None or v.hash not in resumed.reused]
@@ -224,9 +263,10 @@ def run_sweep(
         if e is not None:
             early[i] = e
     try:
-        with sigterm_as_interrupt():
-            console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
-            check_or_raise(validate_plans([plans[i] for i in todo]), console)
+        if plan.validate:
+            with sigterm_as_interrupt():
+                console.print(f"validating {len(todo)} variant(s) against the installed vLLM …")
+                check_or_raise(validate_plans([plans[i] for i in todo]), console)
         return _run_validated(plan, plans, console, early, resumed)
     finally:
         for e in early.values():  # stopping is a no-op where its variant already stopped it
@@ -261,9 +301,9 @@ def _run_validated(
     warn = functools.partial(_warn, console)
     recorder = RecorderSet(FolderRecorder(), _sinks(plan), warn)
     recorder.start_sweep(sweep, plan, folder)
-    for v in variants:
-        for note in v.notes:
-            console.print(f"[yellow]note[/yellow] {v.label}: {note}", highlight=False)
+    for lp in plans:
+        for note in lp.notes:
+            console.print(f"[yellow]note[/yellow] {lp.label}: {note}", highlight=False)
     for r in sweep.variants:
         console.print(
             f"[cyan]reused[/cyan] {r.label}: measured in an earlier attempt of {sweep.name}", highlight=False
@@ -327,6 +367,7 @@ def _run_validated(
         raise
     finally:
         sweep.wall_s = round(time.perf_counter() - t0, 3)
+        _write_report(sweep, folder, warn)
         recorder.end_sweep(sweep, folder)
     console.print(summary_table(sweep.variants))
     if any(r.suite is not None for r in sweep.variants):
@@ -334,6 +375,21 @@ def _run_validated(
     console.print(f"sweep wall time {sweep.wall_s:.1f}s · results: {folder}", highlight=False)
     uri = sweep.tracking.uri if recorder.sinks else None
     return SweepOutcome(sweep, folder, uri)
+
+
+def _write_report(sweep: SweepResult, folder: Path, warn: Callable[[str], None]) -> None:
+    """``compare.md`` and the plots, in the sweep folder (and so in the parent MLflow run)."""
+    from specexp.record.files import atomic_write_text
+    from specexp.record.store import StoredVariant
+    from specexp.report import compare, plots
+
+    stored = [StoredVariant(r, None, sweep.name) for r in sweep.variants]
+    try:
+        rows, _ = compare.compare_rows(stored)
+        atomic_write_text(folder / "compare.md", compare.markdown(rows, f"sweep {sweep.name}"))
+        plots.write_all(sweep.variants, folder / "plots")
+    except (OSError, ValueError) as exc:  # the results themselves are already on disk
+        warn(f"could not write the comparison or plots: {exc}")
 
 
 def _warn(console: Console, message: str) -> None:

@@ -15,9 +15,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from specexp.config.variant import Variant
 from specexp.errors import LaunchError, SuiteFailed
-from specexp.launch.base import EffectiveConfig, Endpoint, Launcher, create_launcher
+from specexp.launch.base import (
+    EffectiveConfig,
+    Endpoint,
+    Guarded,
+    HostMemoryLow,
+    Launcher,
+    ReportsProgress,
+    create_launcher,
+    launcher_class,
+)
 from specexp.launch.plan import LaunchPlan
 from specexp.launch.preflight import check_checkpoint
 from specexp.measure.long_prompt import load_tokenizer
@@ -26,7 +37,7 @@ from specexp.measure.stats import attach_verdicts, look_confidence
 from specexp.record.recorder import Recorder
 from specexp.record.results import CaseResult, TrialRecord, VariantResult
 from specexp.suite.cases import parse_cases
-from specexp.suite.runner import judge_against_baseline, run_suite
+from specexp.suite.runner import run_suite
 
 Say = Callable[[str], None]
 
@@ -92,11 +103,21 @@ class VariantSession:
             )
         else:
             launcher = create_launcher(self.plan, self.variant.config.launcher, log_dir)
-            self.launcher = stack.enter_context(launcher)
+            if isinstance(launcher, ReportsProgress):
+                launcher.on_progress(self.say)
+            self.launcher = launcher
+            stack.enter_context(launcher)
+        self.result.launch = self.launcher.plan.redacted()
+        self.recorder.launched(self.variant, self.result, self.folder)
         self.say("starting vllm serve" if launch == 0 else f"starting vllm serve (launch {launch + 1})")
 
     def _preflight(self) -> None:
-        pre = check_checkpoint(self.variant, self.plan.model_path)
+        # a launcher whose nodes are other machines checks the checkpoint on each of them
+        on_nodes = getattr(launcher_class(self.plan.kind), "preflight", None)
+        if on_nodes is not None:
+            pre = on_nodes(self.variant, self.plan)
+        else:
+            pre = check_checkpoint(self.variant, self.plan.model_path)
         if not pre.ran:
             return
         self.result.notes.append(pre.message)
@@ -113,6 +134,9 @@ class VariantSession:
         if self.result.ready_s is None:
             self.result.ready_s = timing.ready_s
             self.result.startup_phases = dict(timing.phases)
+            if len(timing.nodes) > 1:  # every node's phases too, as <node>.<phase>
+                for node, phases in timing.nodes.items():
+                    self.result.startup_phases.update({f"{node}.{k}": v for k, v in phases.items()})
             self._read_back(endpoint)
         self.endpoint = endpoint
         return endpoint
@@ -142,11 +166,13 @@ class VariantSession:
                 timeout_s=cfg.timeout_s,
                 code_timeout_s=cfg.code_timeout_s,
                 progress=self.say,
+                # the baseline answers twice (its own noise floor); a variant re-asks its
+                # flips and is judged against the baseline's answers
+                repeat=self.variant.is_baseline,
+                baseline=baseline.suite if baseline is not None else None,
+                tokenizer=load_tokenizer(endpoint.tokenizer) if endpoint.tokenizer else None,
             )
         )
-        if baseline is not None and baseline.suite is not None:
-            tokenizer = load_tokenizer(endpoint.tokenizer) if endpoint.tokenizer else None
-            judge_against_baseline(result, baseline.suite, tokenizer)
         self.result.suite = result
         if cfg.fail_fast and result.regressions:
             raise SuiteFailed(
@@ -205,8 +231,19 @@ class VariantSession:
             return
         self.result.status = "failed"
         reason = self.launcher.failure() if self.launcher is not None else None
-        if reason is not None:
+        guard = self.launcher.tripped() if isinstance(self.launcher, Guarded) else None
+        if guard is None and isinstance(exc, HostMemoryLow):
+            guard = exc
+        if guard is not None:  # the memory gate stopped it: said in the run, node and figure
+            self.recorder.tag(self.variant, "specexp.memory_gate", guard.figure)
+            self.result.error = str(guard)
+        elif reason is not None:
             self.result.error = reason
+        elif isinstance(exc, httpx.TimeoutException | TimeoutError):
+            self.result.error = (
+                f"the server stopped answering: {type(exc).__name__} on a request that has "
+                f"{self.bench_cfg.request_timeout_s:g} s (bench.request_timeout_s) or 10 s (control calls)"
+            )
         elif isinstance(exc, LaunchError | SuiteFailed):
             self.result.error = str(exc)
         elif isinstance(exc, Exception):

@@ -12,6 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from specexp.errors import ConfigError
 
+NUMERIC_RULE = (
+    "numeric: the expected value of the last number in the answer, as GSM8K-style graders read "
+    'it ("17 + 25 = 42" is 42); thousands separators are read (1,024), lists are not (1,2,3 is 3)'
+)
+
 CheckKind = Literal["exact", "regex", "json_schema", "tool_call", "code", "numeric"]
 
 
@@ -26,7 +31,7 @@ class CheckSpec(BaseModel):
     function: str | None = None  # tool_call: the function's name ...
     arguments: dict[str, Any] | None = None  # ... and the arguments it must carry (a subset)
     tests: str | None = None  # code: appended to the answer's code and run in the sandbox
-    value: float | None = None  # numeric: the first number in the answer
+    value: float | None = Field(default=None, description=NUMERIC_RULE)
     tolerance: float = 0.0
 
     @model_validator(mode="after")

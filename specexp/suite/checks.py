@@ -16,7 +16,7 @@ from specexp.suite.cases import CheckSpec
 from specexp.suite.sandbox import run_python
 
 Outcome = tuple[bool | None, str]
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\d,]*\d)")
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.DOTALL)
 
 
@@ -104,14 +104,14 @@ def check_code(spec: CheckSpec, text: str, timeout_s: float) -> Outcome:
 
 
 def check_numeric(spec: CheckSpec, text: str) -> Outcome:
-    """The last number in the answer (as GSM8K-style graders do): "17 + 25 = 42" is 42."""
+    """The rule of ``cases.NUMERIC_RULE``: the last number in the answer."""
     found = _NUMBER.findall(text)
     if not found:
         return False, f"no number in {_short(text)!r}"
     got = float(found[-1].replace(",", ""))
     assert spec.value is not None
     ok = abs(got - spec.value) <= spec.tolerance
-    return ok, f"{got:g} {'=' if ok else '≠'} {spec.value:g}" + (
+    return ok, f"last number {got:g} {'=' if ok else '≠'} {spec.value:g}" + (
         f" ± {spec.tolerance:g}" if spec.tolerance else ""
     )
 

@@ -55,8 +55,7 @@ from specexp.errors import ConfigError
 from specexp.launch.base import Endpoint, launcher_class
 from specexp.launch.plan import EMBEDDED_PREFIX, build_plan
 from specexp.launch.validate import ValidationResult, validate_plans
-from specexp.measure import workload
-from specexp.measure.runner import VariantBench
+from specexp.measure.traffic import check_bench, plan_cases
 from specexp.record.files import atomic_write_json, variant_dir
 from specexp.record.folder import SWEEP_FILE, FolderRecorder
 from specexp.record.recorder import Recorder, RecorderSet
@@ -779,8 +778,8 @@ class Tuner:
         def hook(session: VariantSession, endpoint: Endpoint) -> None:
             session.say("asking for the greedy token ids (depth model)")
             try:
-                prompts = VariantBench(endpoint, session.bench_cfg).prompts
-                outputs = asyncio.run(greedy.capture(endpoint, session.bench_cfg, prompts))
+                plans = plan_cases(session.bench_cfg, endpoint.tokenizer)
+                outputs = asyncio.run(greedy.capture(endpoint, session.bench_cfg, plans))
             except (greedy.CaptureFailed, httpx.HTTPError, ConfigError, OSError, ValueError) as exc:
                 session.result.notes.append(f"depth model: greedy token ids not captured ({exc})")
                 return
@@ -976,8 +975,7 @@ def _build_models(plan: TunePlan, console: Console) -> None:
 
 def _check_inputs(plan: TunePlan) -> None:
     launcher_class(plan.config.launcher.kind)
-    for case in plan.config.bench.cases.values():
-        workload.load(case.workload or plan.config.bench.workload)
+    check_bench(plan.config.bench)
 
 
 def _folder(plan: TunePlan) -> Path:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import get_args
 
 import pytest
 from safetensors import safe_open
 
-from checkpoints_tools.header import DTYPE_BITS, Dtype, HeaderError, read_checkpoint, read_header
-from checkpoints_tools.synthetic import glm_like, write_safetensors
+from checkpoints_tools.header import DTYPE_BITS, HeaderError, read_checkpoint, read_header
+from tests.fixtures.checkpoints import glm_like, write_safetensors
 
 
 def raw_file(path: Path, header: bytes, data: bytes = b"", n: int | None = None) -> Path:
@@ -29,7 +28,7 @@ def test_written_files_are_real_safetensors(tmp_path: Path) -> None:
         assert f.metadata() == {"format": "pt"}
     h = read_header(p)
     assert h.tensors["w"].dtype == "BF16" and h.tensors["w"].shape == (4, 8)
-    assert h.metadata == {"format": "pt"} and h.data_size == 64 + 4 + 4
+    assert h.metadata == {"format": "pt"} and len(h.tensors) == 3 and "g" in h.tensors
 
 
 def test_golden_bytes_from_the_safetensors_test_suite(tmp_path: Path) -> None:
@@ -93,6 +92,12 @@ def _json(header: object):  # type: ignore[no-untyped-def]
         ),
         (lambda p: raw_file(p, b"[1, 2]"), "does not start with"),
         (lambda p: raw_file(p, b'{"w": {"dtype": "U8"}} x'), "not valid JSON"),
+        (  # JSON to Python, not to safetensors: its own message, on one line
+            lambda p: raw_file(
+                p, b'{"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4], "x": NaN}}', b"\0" * 4
+            ),
+            r"rejected by safetensors \(Error while deserializing header",
+        ),
     ],
 )
 def test_adversarial_headers_are_clear_errors(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -105,8 +110,11 @@ def test_adversarial_headers_are_clear_errors(tmp_path: Path, make, message: str
     assert sorted(tmp_path.iterdir()) == before
 
 
-def test_the_typed_dtypes_are_the_known_dtypes() -> None:
-    assert set(get_args(Dtype)) == set(DTYPE_BITS)
+def test_the_diagnosis_knows_the_dtypes_safetensors_knows(tmp_path: Path) -> None:
+    for dtype in DTYPE_BITS:  # 8 elements: a whole number of bytes for every width
+        p = tmp_path / f"{dtype}.safetensors"
+        write_safetensors(p, {"w": (dtype, (8,))})
+        assert read_header(p).tensors["w"] == (dtype, (8,))
 
 
 def test_index_pointing_at_a_missing_shard(tmp_path: Path) -> None:
@@ -124,6 +132,40 @@ def test_index_naming_a_tensor_the_shard_lacks(tmp_path: Path) -> None:
     index.write_text(json.dumps(doc))
     with pytest.raises(HeaderError, match="ghost"):
         read_checkpoint(tmp_path)
+
+
+def _remap(root: Path, change) -> None:  # type: ignore[no-untyped-def]
+    index = root / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    change(doc["weight_map"])
+    index.write_text(json.dumps(doc))
+
+
+def test_index_mapping_a_tensor_to_the_wrong_shard_or_not_at_all(tmp_path: Path) -> None:
+    glm_like(tmp_path, shards=2)
+    _remap(tmp_path, lambda wm: wm.update({"lm_head.weight": "model-00001-of-00002.safetensors"}))
+    with pytest.raises(HeaderError, match=r"'lm_head.weight' is mapped to model-00001-of-00002.* but is in"):
+        read_checkpoint(tmp_path)
+    _remap(tmp_path, lambda wm: wm.pop("lm_head.weight"))
+    with pytest.raises(HeaderError, match=r"'lm_head.weight' is not listed but is in model-00002-of-00002"):
+        read_checkpoint(tmp_path)
+
+
+def test_a_tensor_stored_in_two_files_is_named_with_both(tmp_path: Path) -> None:
+    write_safetensors(tmp_path / "a.safetensors", {"w": ("U8", (4,)), "x": ("U8", (4,))})
+    write_safetensors(tmp_path / "b.safetensors", {"w": ("U8", (4,))})
+    with pytest.raises(HeaderError, match=r"^b.safetensors: tensor 'w' also appears in a.safetensors$"):
+        read_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_answers_dtype_and_shape_per_tensor(tmp_path: Path) -> None:
+    write_safetensors(tmp_path / "a.safetensors", {"w": ("BF16", (4, 8)), "s": ("F8_E4M3", (4, 1))})
+    write_safetensors(tmp_path / "b.safetensors", {"g": ("F32", ())})
+    tensors = read_checkpoint(tmp_path)
+    assert sorted(tensors) == ["g", "s", "w"] and len(tensors) == 3
+    assert tensors["w"] == ("BF16", (4, 8)) and tensors["g"].shape == ()
+    assert tensors.view("s").get_dtype() == "F8_E4M3"
+    assert tensors.get("nope") is None and tensors.view("nope") is None and "nope" not in tensors
 
 
 @pytest.mark.parametrize(

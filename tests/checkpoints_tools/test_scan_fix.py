@@ -11,7 +11,7 @@ from checkpoints_tools.cli import main
 from checkpoints_tools.fix import apply_fix, hf_overrides, rollback
 from checkpoints_tools.header import read_checkpoint
 from checkpoints_tools.scan import OVER_IGNORED, UNQUANTIZED, scan
-from checkpoints_tools.synthetic import glm_like, qwen3_next_like
+from tests.fixtures.checkpoints import glm_like, qwen3_next_like
 
 
 def files(d: Path) -> dict[str, bytes]:
@@ -168,3 +168,14 @@ def test_compiled_matcher_answers_exactly_as_the_format_rules() -> None:
             compiled = matching.ignore_matcher(fmt, patterns)  # type: ignore[arg-type]
             for name in names:
                 assert compiled(name) == matching.is_ignored(fmt, name, patterns), (fmt, patterns, name)  # type: ignore[arg-type]
+
+
+def test_fix_and_rollback_keep_the_config_file_mode(tmp_path: Path) -> None:
+    glm_like(tmp_path)
+    config = tmp_path / "config.json"
+    config.chmod(0o640)  # a group-readable config, as a shared model folder has
+    assert main(["fix", str(tmp_path)]) == 0
+    assert config.stat().st_mode & 0o777 == 0o640
+    assert main(["rollback", str(tmp_path)]) == 0
+    assert config.stat().st_mode & 0o777 == 0o640
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -4,7 +4,14 @@ worker in the same process group, /health, and scripted faults.
 usage: fake_vllm_process.py MODE PORT
        fake_vllm_process.py serve MODEL --port=PORT [vllm flags...]   (as launcher.vllm_command;
                                                                         MODE from $FAKE_VLLM_MODE)
-  MODE: ok | crash | hang | stubborn | metrics500 | serve | serve-wrong
+  MODE: ok | crash | hang | stubborn | metrics500 | serve | serve-wrong | follower-crash | gloo-hang
+
+Multi-node flags as vLLM takes them: ``--host=`` is the address it listens on (default
+127.0.0.1), ``--headless`` (a follower) serves no HTTP, ``--node-rank=N``;
+``follower-crash`` crashes on every rank but the head, which waits (as vLLM waits for its
+followers); ``gloo-hang`` listens
+on the address its hostname resolves to and waits forever, the way Gloo does when it
+takes its address from the hostname (seed 003: a loopback address).
 
 ``serve`` also answers chat completions (a short SSE stream, each request logged with
 its wall-clock time), /metrics and /reset_prefix_cache, so whole sweeps can run on it;
@@ -22,11 +29,20 @@ import sys
 import threading
 import time
 
+
+def flag(name: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{name}=")), None)
+
+
+host = flag("host") or "127.0.0.1"
+headless = "--headless" in sys.argv
 if len(sys.argv) > 2 and sys.argv[2].isdigit():
     mode, port = sys.argv[1], int(sys.argv[2])
 else:  # called the way specexp calls vllm: serve MODEL --port=N ...
     mode = os.environ.get("FAKE_VLLM_MODE", "serve")
-    port = int(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--port=")))
+    port = int(flag("port") or 0)
+if mode == "follower-crash":
+    mode = "crash" if (flag("node-rank") or "0") != "0" else "hang"  # the head waits for it
 
 
 def log(msg: str) -> None:
@@ -108,7 +124,7 @@ if worker == 0:  # the "engine core": lives in the same group, ignores SIGTERM w
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(0.5)
     while True:  # serve: a heartbeat, like vLLM's polling engine loop; silent while frozen
-        if mode.startswith("serve"):
+        if mode.startswith("serve") and not headless:
             log(f"ALIVE {time.time():.6f}")
         time.sleep(0.02 if mode.startswith("serve") else 0.1)
 
@@ -126,10 +142,15 @@ if mode == "crash":
     log("ValueError: fake engine failed to allocate KV cache")
     sys.exit(3)
 log("INFO init engine (profile, create kv cache, warmup model) took 0.10 s")
-if mode == "hang":
+if mode == "gloo-hang":
+    import socket
+
+    listener = socket.create_server((socket.gethostbyname(socket.gethostname()), 0))
+    log(f"gloo listens on {listener.getsockname()}")
+if mode in ("hang", "gloo-hang") or headless:
     while True:
         time.sleep(0.1)
-server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+server = http.server.ThreadingHTTPServer((host, port), Health)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 log("INFO:     Application startup complete.")
 while True:

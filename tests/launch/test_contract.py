@@ -62,9 +62,32 @@ def endpoint(tmp_path: Path) -> Iterator[Made]:
         assert theirs.failure() is None  # still running after the launcher stopped
 
 
+@contextlib.contextmanager
+def multinode(tmp_path: Path) -> Iterator[Made]:
+    """Two network-namespace nodes over real SSH, the fake server on each (--headless on one)."""
+    from tests.launch.test_multinode import group_members
+    from tests.launch.test_multinode import launcher as make
+    from tests.netns_cluster import cluster
+
+    with cluster(2) as c:
+        launcher = make(c, tmp_path / "logs")
+        seen: list[int] = []
+
+        def started() -> list[int]:
+            alive = group_members(c, launcher)
+            seen.extend(p for p in alive if p not in seen)
+            return [p for p in seen if p in alive]
+
+        try:
+            yield launcher, started
+        finally:
+            launcher.stop()
+
+
 FACTORIES: dict[str, Callable[[Path], contextlib.AbstractContextManager[Made]]] = {
     "local": local,
     "endpoint": endpoint,
+    "multinode": multinode,
 }
 
 

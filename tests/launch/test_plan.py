@@ -114,3 +114,25 @@ def test_secrets_are_redacted() -> None:
         "--hf-token=***",
         "--port=1",
     ]
+
+
+def test_seed_dry_run_prints_every_node_without_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    import asyncssh
+    from rich.console import Console
+
+    from specexp.run.sweep import dry_run
+
+    def no_connection(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a dry run must not connect anywhere")
+
+    monkeypatch.setattr(asyncssh, "connect", no_connection)
+    variants = plan_sweep(["experiment=spark_glm_mtp"], with_baseline=False)
+    buf = io.StringIO()
+    dry_run(variants, Console(file=buf, width=300), validate=False)
+    text = buf.getvalue()
+    for rank in range(4):
+        assert f"node {rank} (192.168.100.{rank + 1})" in text
+        assert f"--node-rank={rank}" in text and f"VLLM_HOST_IP=192.168.100.{rank + 1}" in text
+    assert text.count("--headless") == 3 and text.count("GLOO_SOCKET_IFNAME=enp1s0f0np0") == 4

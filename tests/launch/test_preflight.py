@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from checkpoints_tools.synthetic import glm_like
 from specexp.config.compose import plan_sweep
 from specexp.launch.preflight import check_checkpoint
+from tests.fixtures.checkpoints import glm_like
 
 
 def mtp_variant(path: Path, *extra: str):  # type: ignore[no-untyped-def]

@@ -34,3 +34,18 @@ def test_concurrent_prompts_start_differently(tokenizer_dir: str) -> None:
 def test_too_short_is_a_config_error(tokenizer_dir: str) -> None:
     with pytest.raises(ConfigError, match="shorter than the prompt frame"):
         exact_prompt(tokenizer_dir, 5)
+
+
+def test_long_prompts_ask_for_a_short_answer_about_the_middle(tokenizer_dir: str) -> None:
+    # asked to summarise 8K tokens the small model loops; a fact, a name or a count it answers briefly
+    asks = set()
+    for index in range(4):
+        (msg,) = exact_prompt(tokenizer_dir, 8000, index)
+        text = msg["content"]
+        question = text.rsplit("Question: ", 1)[1]
+        assert "summar" not in question.lower() and "about" not in question.lower()
+        assert any(word in question for word in ("briefly", "name only", "number only"))
+        asks.add(question)
+        if "Note:" in text:
+            assert 0.4 < text.index("Note:") / len(text) < 0.6  # the fact sits in the middle
+    assert len(asks) == 3  # a fact from the middle, a name, a count

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from specexp.measure.prometheus import delta, parse_metrics
+from specexp.measure.prometheus import delta, parse_metrics, reset_reason, server_window
 
 # The exposition format vLLM 0.32 (CPU) serves, trimmed; two engines to check summing.
 BEFORE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -71,6 +71,84 @@ def test_no_speculation_gives_none_and_a_restart_is_an_error() -> None:
     restarted = bump(BEFORE, spec_decode_num_accepted_tokens_total=1.0)
     with pytest.raises(ValueError, match="restarted"):
         delta(parse_metrics(BEFORE), parse_metrics(restarted))
+    assert "went backwards" in (reset_reason(parse_metrics(BEFORE), parse_metrics(restarted)) or "")
+
+
+# Trimmed from a real vLLM 0.32 CPU server's /metrics (one finished request after `BEFORE_HIST`).
+HIST = """# TYPE process_start_time_seconds gauge
+process_start_time_seconds {start}
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{{engine="0",model_name="m"}} {gen}
+# TYPE vllm:generation_tokens_created gauge
+vllm:generation_tokens_created{{engine="0",model_name="m"}} {created}
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_count{{engine="0",model_name="m"}} {n}
+vllm:request_decode_time_seconds_sum{{engine="0",model_name="m"}} {decode}
+vllm:request_decode_time_seconds_created{{engine="0",model_name="m"}} {created}
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_count{{engine="0",model_name="m"}} {n}
+vllm:request_generation_tokens_sum{{engine="0",model_name="m"}} {gen}
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_count{{engine="0",model_name="m"}} {n}
+vllm:request_time_per_output_token_seconds_sum{{engine="0",model_name="m"}} {tpot}
+"""
+
+
+def hist(start: float = 1.796e9, created: float = 1.796e9 + 50, **values: float) -> str:
+    return HIST.format(start=start, created=created, **{"gen": 0, "n": 0, "decode": 0, "tpot": 0, **values})
+
+
+def test_a_server_restart_between_scrapes_is_caught_even_when_counters_regrew() -> None:
+    before = parse_metrics(hist(gen=500, n=10, decode=20.0, tpot=0.4))
+    # restarted, then served more than before: every difference is positive and wrong
+    regrown = parse_metrics(hist(start=1.796e9 + 600, created=1.796e9 + 650, gen=900, n=12, decode=30.0))
+    assert "restarted" in (reset_reason(before, regrown) or "")
+    # no process collector (another exporter): the *_created samples still tell
+    no_start = parse_metrics(hist(created=1.796e9 + 650, gen=900, n=12).replace("process_start", "x_start"))
+    assert "recreated" in (
+        reset_reason(parse_metrics(hist(gen=500).replace("process_start", "x_start")), no_start) or ""
+    )
+    same = parse_metrics(hist(gen=600, n=12, decode=25.0, tpot=0.5))
+    assert reset_reason(before, same) is None
+
+
+def test_server_window_is_the_servers_own_decode_speed() -> None:
+    before = parse_metrics(hist(gen=500, n=10, decode=20.0, tpot=0.4))
+    after = parse_metrics(hist(gen=691, n=13, decode=25.5, tpot=0.49))  # 3 requests, 191 tokens, 5.5 s
+    window = server_window(before, after)
+    assert window is not None and window.requests == 3
+    assert window.decode_tok_s == pytest.approx((191 - 3) / 5.5)
+    assert window.inverse_mean_tpot == pytest.approx(3 / 0.09)
+    assert server_window(parse_metrics(BEFORE), parse_metrics(BEFORE)) is None  # no histograms: no check
+
+
+def test_mean_length_must_equal_one_plus_the_per_position_rates() -> None:
+    good = bump(
+        BEFORE,
+        spec_decode_num_drafts_total=30.0,
+        spec_decode_num_accepted_tokens_total=75.0,
+        spec_decode_num_accepted_tokens_per_pos_total__0=33.0,
+        spec_decode_num_accepted_tokens_per_pos_total__1=25.0,
+        spec_decode_num_accepted_tokens_per_pos_total__2=17.0,
+    )
+    acc = delta(parse_metrics(BEFORE), parse_metrics(good))
+    assert acc is not None and acc.consistent and acc.inconsistency is None
+    # per-position counts off by a data-parallel size of 2 (speculators#1095)
+    doubled = bump(
+        BEFORE,
+        spec_decode_num_drafts_total=30.0,
+        spec_decode_num_accepted_tokens_total=75.0,
+        spec_decode_num_accepted_tokens_per_pos_total__0=51.0,
+        spec_decode_num_accepted_tokens_per_pos_total__1=40.0,
+        spec_decode_num_accepted_tokens_per_pos_total__2=29.0,
+    )
+    acc = delta(parse_metrics(BEFORE), parse_metrics(doubled))
+    assert acc is not None and not acc.consistent and "1 + Σ per-position" in (acc.inconsistency or "")
+    # a per-position parse that found nothing
+    no_pos = "\n".join(ln for ln in good.splitlines() if "per_pos" not in ln) + "\n"
+    before = "\n".join(ln for ln in BEFORE.splitlines() if "per_pos" not in ln) + "\n"
+    acc = delta(parse_metrics(before), parse_metrics(no_pos))
+    assert acc is not None and not acc.consistent and "no per-position" in (acc.inconsistency or "")
 
 
 def test_empty_window_has_no_rates() -> None:

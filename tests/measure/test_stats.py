@@ -1,16 +1,24 @@
 from __future__ import annotations
 
+import itertools
+import math
 import random
+import statistics
 
 import pytest
 
+from specexp.measure.prometheus import ServerWindow
 from specexp.measure.stats import (
+    _trim,
     attach_verdicts,
+    case_verdict,
     compare,
     jain_index,
     look_confidence,
+    metric_verdict,
     min_trials,
     outlier_indices,
+    server_metrics,
     summarize,
     trial_metrics,
 )
@@ -141,3 +149,165 @@ def test_jain_index_and_fairness_figures() -> None:
     assert m["ttft_max_ms"] == pytest.approx(900) and m["ttft_spread_ms"] == pytest.approx(800)
     assert 0.9 < m["jain_index"] < 1.0
     assert m["looping_outputs"] == 0
+
+
+def null_counts(n: int, m: int) -> list[int]:
+    """How many rank arrangements of n baseline and m variant trials give each Mann-Whitney
+    U: the coefficients of the Gaussian binomial [n+m choose n]_q, built as the product
+    of (1 - q^(m+i)) / (1 - q^i), a reference independent of the code's recursion."""
+    poly = [1]
+    for i in range(1, n + 1):
+        shifted = [*poly, *([0] * (m + i))]
+        for j, c in enumerate(poly):
+            shifted[j + m + i] -= c
+        for j in range(i, len(shifted)):  # exact division by (1 - q^i)
+            shifted[j] += shifted[j - i]
+        poly = shifted[: n * m + 1]
+    return poly
+
+
+def brute_force_counts(n: int, m: int) -> list[int]:
+    """The same distribution by enumerating every choice of the baseline's ranks."""
+    out = [0] * (n * m + 1)
+    for ranks in itertools.combinations(range(n + m), n):
+        out[sum(ranks) - n * (n - 1) // 2] += 1  # U of the baseline sample
+    return out
+
+
+def test_reference_distribution_is_the_enumerated_one() -> None:
+    for n, m in [(3, 3), (3, 7), (5, 5), (4, 9), (6, 6)]:
+        assert null_counts(n, m) == brute_force_counts(n, m)
+
+
+def _ranks_of_bounds(n: int, m: int, confidence: float = 0.95) -> tuple[list[float], int, int] | None:
+    """Run compare on data whose n·m log differences are all distinct and known, and
+    return the sorted differences with the 1-based ranks of the interval's ends."""
+    xs = [0.1 * i for i in range(n)]
+    ys = [0.1 * (j * n + 0.5) for j in range(m)]  # y - x = 0.1 (j·n - i + 0.5): all distinct
+    v = compare("x", [math.exp(x) for x in xs], [math.exp(y) for y in ys], confidence=confidence)
+    assert v is not None
+    if v.ci_low is None or v.ci_high is None:
+        return None
+    diffs = sorted(y - x for x in xs for y in ys)
+    lo, hi = math.log(v.ci_low), math.log(v.ci_high)
+    (r_lo,) = [i + 1 for i, d in enumerate(diffs) if math.isclose(d, lo, abs_tol=1e-6)]
+    (r_hi,) = [i + 1 for i, d in enumerate(diffs) if math.isclose(d, hi, abs_tol=1e-6)]
+    return diffs, r_lo, r_hi
+
+
+@pytest.mark.parametrize("n", range(3, 13))
+def test_exact_interval_covers_at_least_the_stated_confidence(n: int) -> None:
+    """Coverage of D(r_lo)…D(r_hi) under no effect is 1 - P(U <= r_lo - 1) - P(U >= r_hi),
+    counted over every rank arrangement; it must reach 95 %, and the next narrower
+    interval must not (the interval is not wider than it needs to be either)."""
+    for m in range(3, 13):
+        counts = null_counts(n, m)
+        total = sum(counts)
+
+        def below(d: int, counts: list[int] = counts, total: int = total) -> float:
+            return sum(counts[: d + 1]) / total  # P(U <= d)
+
+        got = _ranks_of_bounds(n, m)
+        if got is None:  # no interval: even the widest one, D(1)…D(nm), misses 95 %
+            assert 1 - 2 * below(0) < 0.95, (n, m)
+            continue
+        _, r_lo, r_hi = got
+        assert r_lo + r_hi == n * m + 1, (n, m)  # symmetric ranks
+        coverage = 1 - below(r_lo - 1) - below(n * m - r_hi)
+        assert coverage >= 0.95 - 1e-12, (n, m, coverage)
+        assert 1 - 2 * below(r_lo) < 0.95, (n, m)  # one rank narrower would miss it
+
+
+def test_bounds_equal_a_brute_force_reference_on_fixed_data() -> None:
+    base = [34.3, 34.8, 36.2, 35.0, 34.9]
+    var = [36.9, 35.1, 37.4, 36.0, 38.2]
+    v = compare("decode_tok_s", base, var)
+    assert v is not None and v.ci_low is not None and v.ci_high is not None
+    diffs = sorted(math.log(y) - math.log(x) for x in base for y in var)
+    counts = brute_force_counts(5, 5)
+    total = sum(counts)
+    # R: q = qwilcox(0.025, 5, 5) = 3, interval D(3)…D(23): P(U <= 2) = 4/252 <= 2.5 %
+    q = 1 + max(d for d in range(26) if sum(counts[: d + 1]) / total <= 0.025)
+    assert q == 3
+    assert v.ci_low == pytest.approx(math.exp(diffs[q - 1]), rel=1e-12)
+    assert v.ci_high == pytest.approx(math.exp(diffs[25 - q]), rel=1e-12)
+    assert v.ratio == pytest.approx(math.exp(statistics.median(diffs)), rel=1e-12)
+    assert v.ci_low <= v.ratio <= v.ci_high  # the logged point lies inside its own interval
+
+
+@pytest.mark.parametrize(("n", "m"), [(25, 26), (26, 30), (30, 30), (13, 50)])
+def test_normal_approximation_past_625_pairs_keeps_the_coverage(n: int, m: int) -> None:
+    counts = null_counts(n, m)
+    total = sum(counts)
+    k = _trim(n, m, 0.95)
+    exact = 1 + max(d for d in range(n * m) if sum(counts[: d + 1]) / total <= 0.025)
+    assert abs(k - exact) <= 1
+    got = _ranks_of_bounds(n, m)
+    assert got is not None
+    _, r_lo, r_hi = got
+    assert r_lo == k and r_hi == n * m + 1 - k
+    assert 1 - 2 * sum(counts[:r_lo]) / total >= 0.95
+
+
+def _case(values: list[float], looping: int = 0) -> CaseResult:
+    trials = [
+        TrialRecord(case="c", trial=i, duration_s=1.0, requests=[], metrics={"decode_tok_s": v})
+        for i, v in enumerate(values)
+    ]
+    return CaseResult(case="c", concurrency=1, trials=trials, summary={}, looping_outputs=looping)
+
+
+def test_a_case_whose_outputs_loop_gets_no_winner_unless_loops_are_trusted() -> None:
+    base, fast = [35.0, 35.5, 34.8, 35.2, 35.1], [99.0, 98.0, 101.0, 100.0, 97.0]
+    clear = case_verdict(_case(fast), _case(base))
+    assert clear is not None and clear.verdict == "better"
+    for var, ref in ((_case(fast, looping=2), _case(base)), (_case(fast), _case(base, looping=1))):
+        v = case_verdict(var, ref)
+        assert v is not None and v.verdict == "not trusted" and "loop" in (v.reason or "")
+        assert v.ratio == pytest.approx(clear.ratio)  # the figure is still shown
+        trusted = case_verdict(var, ref, trust_loops=True)
+        assert trusted is not None and trusted.verdict == "better"
+    result = VariantResult(
+        label="v", variant_hash="h", is_baseline=False, overrides=[], cases={"c": _case(fast, looping=2)}
+    )
+    baseline = VariantResult(
+        label="b", variant_hash="b", is_baseline=True, overrides=[], cases={"c": _case(base)}
+    )
+    attach_verdicts(result, baseline)
+    assert result.cases["c"].verdict is not None and result.cases["c"].verdict.verdict == "not trusted"
+    attach_verdicts(result, baseline, trust_loops=True)
+    assert result.cases["c"].verdict is not None and result.cases["c"].verdict.verdict == "better"
+
+
+def test_server_metrics_compare_totals_of_the_same_requests() -> None:
+    records = [rec(0, 0.1, 2.1, 41), rec(1, 0.2, 1.2, 21)]  # 60 decode tokens over 3.0 s on the client
+    window = ServerWindow(requests=2, decode_s=2.8, decode_tokens=60, tpot_sum_s=0.1, tpot_count=2)
+    m = server_metrics(records, window)
+    assert m["server_decode_tok_s"] == pytest.approx(60 / 2.8)
+    assert m["server_inv_tpot_tok_s"] == pytest.approx(20.0)
+    assert m["client_server_gap"] == pytest.approx((60 / 3.0) / (60 / 2.8) - 1)
+    # a window with a request the client did not see finish (or one more): no comparison
+    assert server_metrics(records, ServerWindow(3, 2.8, 60, 0.1, 3)) == {}
+    assert server_metrics(records, None) == {}
+
+
+def test_reasoning_tokens_are_summed_per_window() -> None:
+    a, b = rec(0, 0.1, 1.1, 21), rec(1, 0.1, 1.1, 21)
+    a.reasoning_tokens = 15
+    assert trial_metrics([a, b], 1.0, 1)["reasoning_tokens"] == 15
+    assert "reasoning_tokens" not in trial_metrics([b], 1.0, 1)
+
+
+def test_the_logged_ratio_is_the_hodges_lehmann_one_and_lies_inside_its_interval() -> None:
+    # medians 10 and 12 (a ratio of 1.2), the pairwise ratios put the estimate at 1.1: the
+    # figure to log is the one the table shows and the interval is built around
+    base = _case([10.0, 10.0, 10.0, 10.1, 13.0])
+    var = _case([11.0, 11.0, 12.0, 12.1, 12.2])
+    v = metric_verdict(var, base, "decode_tok_s")
+    assert v is not None and v.ci_low is not None and v.ci_high is not None
+    assert v.ci_low <= v.ratio <= v.ci_high
+    assert v.ratio == pytest.approx(
+        statistics.median(y / x for x in [10, 10, 10, 10.1, 13] for y in [11, 11, 12, 12.1, 12.2]), rel=0.01
+    )
+    verdict = case_verdict(var, base)
+    assert verdict is not None and verdict.ratio == v.ratio

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,12 @@ def test_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path) -> None:
 def test_variant_dir_names_are_safe(tmp_path: Path) -> None:
     d = variant_dir(tmp_path, 3, "ngram-k3 attention=b12x/x", "abc")
     assert d.name == "03-ngram-k3_attention=b12x_x-abc"
+
+
+def test_result_files_are_readable_as_any_new_file_would_be(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "result.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "result.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0o600

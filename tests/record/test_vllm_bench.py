@@ -7,7 +7,7 @@ import pytest
 
 from specexp.config.compose import plan_sweep
 from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, TrialRecord, VariantResult
-from specexp.record.vllm_bench import run_record, write_variant
+from specexp.record.vllm_bench import _p99, run_record, write_variant
 
 
 def ok_request(index: int, ttft: float, latency: float, prompt: int, tokens: int) -> RequestRecord:
@@ -68,3 +68,11 @@ def test_sweep_layout_with_summary_lists(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["run=0.json", "run=1.json", "summary.json"]
     summary = json.loads((folder / "summary.json").read_text())
     assert [r["run_number"] for r in summary] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "values", [[5.0], [1.0, 2.0], [3.0, 1.0, 2.0, 10.0, 7.5], [float(i % 17) for i in range(250)]]
+)
+def test_p99_is_numpys_linear_percentile(values: list[float]) -> None:
+    np = pytest.importorskip("numpy")
+    assert _p99(values) == pytest.approx(float(np.percentile(values, 99)))

@@ -8,9 +8,11 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 
 from specexp.config.compose import plan_sweep
 from specexp.config.sweep_plan import SweepPlan
+from specexp.errors import ConfigError
 from specexp.run.sweep import run_sweep
 from tests.helpers import REPO, require_vllm, run_cli
 from tests.run.test_variant import alive, worker_pid
@@ -52,6 +54,7 @@ def test_a_reused_sweep_name_never_overwrites_earlier_results(workdir: Path) -> 
         [
             "spec=none",
             "tracking=none",
+            "sweep.validate=false",
             "model.path=/nonexistent/model",
             "launcher.vllm_command=[/nonexistent/vllm]",
         ],
@@ -75,7 +78,7 @@ def test_validation_overlaps_the_first_server_start_and_its_log_is_kept_whole(wo
         env={"TMPDIR": str(temp)},
     )
     assert out.returncode == 0, out.stderr
-    (vdir,) = [p for p in (workdir / "results" / "early").iterdir() if p.is_dir() and p.name != "vllm-bench"]
+    (vdir,) = (workdir / "results" / "early").glob("00-*")
     result = (vdir / "result.json").read_text()
     assert "started while vLLM validated" in result
     log = (vdir / "server.log").read_text()
@@ -111,3 +114,51 @@ def _quiet():  # type: ignore[no-untyped-def]
     from rich.console import Console
 
     return Console(file=open(os.devnull, "w"))
+
+
+def test_an_unexpected_error_ends_the_parent_run_failed_not_finished(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from specexp.run import schedule
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in a schedule")
+
+    monkeypatch.setattr(schedule, "sequential", broken)
+    variants = plan_sweep(
+        fake_sweep(uuid.uuid4().hex, "tracking.experiment=bug", "sweep.validate=false"), with_baseline=False
+    )
+    with pytest.raises(RuntimeError, match="a bug in a schedule"):
+        run_sweep(SweepPlan.resolve(variants, "bug"), _quiet())
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("bug")
+    assert exp is not None
+    (parent,) = client.search_runs([exp.experiment_id])
+    assert parent.info.status == "FAILED"
+    assert json_status(workdir / "results" / "bug" / "sweep.json") == "failed"
+
+
+def json_status(path: Path) -> str:
+    import json
+
+    return str(json.loads(path.read_text())["status"])
+
+
+def test_resuming_a_finished_sweep_reuses_every_variant_and_a_changed_plan_is_refused(workdir: Path) -> None:
+    overrides = fake_sweep(uuid.uuid4().hex, "tracking=none", "sweep.validate=false", "spec=ngram")
+    variants = plan_sweep(overrides)
+    first = run_sweep(SweepPlan.resolve(variants, "again"), _quiet())
+    assert [v.status for v in first.result.variants] == ["ok", "ok"]
+    files = {p: p.read_bytes() for p in first.directory.rglob("*") if p.is_file() and p.name != "sweep.json"}
+    again = run_sweep(SweepPlan.resolve(plan_sweep(overrides)), _quiet(), resume=True)
+    assert again.directory == first.directory
+    assert sorted(again.result.reused) == sorted(v.hash for v in variants)
+    assert [v.label for v in again.result.variants] == ["baseline", "ngram-k3"]
+    assert {p: p.read_bytes() for p in files} == files  # nothing measured again, nothing rewritten
+    changed = plan_sweep([*overrides, "spec.depth=5"])
+    with pytest.raises(
+        ConfigError, match=r"^cannot resume again: variants differ \(not in this plan: ngram-k3="
+    ):
+        run_sweep(SweepPlan.resolve(changed), _quiet(), resume=True, resume_name="again")

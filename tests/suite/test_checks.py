@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import tempfile
-import time
-from pathlib import Path
-
 import pytest
 
 from specexp.suite.cases import CheckSpec
 from specexp.suite.checks import run_check
-from specexp.suite.sandbox import run_python
 
 
 def check(
@@ -42,6 +35,17 @@ def test_numeric_takes_the_last_number_with_tolerance() -> None:
     ok, reason = check("It has 2 r's", kind="numeric", value=3)
     assert ok is False and "2 ≠ 3" in reason
     assert check("none at all", kind="numeric", value=3)[0] is False
+
+
+def test_numeric_docs_and_behaviour_state_the_same_rule() -> None:
+    """The field's documentation is what ``suite show`` and the schema say; the reason line
+    names the number judged, so a reader sees which rule was applied."""
+    rule = CheckSpec.model_fields["value"].description or ""
+    assert "last number" in rule
+    ok, reason = check("The answer is 42, not 17", kind="numeric", value=42)
+    assert ok is False and reason == "last number 17 ≠ 42"
+    assert check("Counting: 1,2,3", kind="numeric", value=3)[0] is True  # a list, not 123
+    assert check("12,345,678.5 in all", kind="numeric", value=12345678.5)[0] is True
 
 
 SCHEMA = {
@@ -80,94 +84,12 @@ def test_code_passes_when_its_tests_pass_and_fails_with_the_assertion() -> None:
     assert ok is False and "AssertionError" in reason
 
 
+def test_code_that_cannot_be_jailed_is_not_run_and_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap
+    ok, reason = check("def add(a, b):\n    return a + b", kind="code", tests="assert add(2, 3) == 5")
+    assert ok is None and reason.startswith("not run: no sandbox here: cannot start")
+
+
 def test_a_check_kind_without_its_fields_is_rejected() -> None:
     with pytest.raises(ValueError, match="needs pattern"):
         CheckSpec.model_validate({"kind": "regex"})
-
-
-# -- hostile code: none of it may reach outside its jail ---------------------------------------
-
-
-def test_code_cannot_write_outside_its_temp_dir() -> None:
-    # a folder anyone may write to, outside /tmp (the jail shows its own /tmp instead of the
-    # host's): only the jail's read-only mounts stand between the code and this folder
-    base = Path("/var/tmp") if Path("/var/tmp").is_dir() else Path(__file__).parent
-    folder = Path(tempfile.mkdtemp(dir=base, prefix="specexp-sandbox-target-"))
-    folder.chmod(0o777)
-    try:
-        target = folder / "escaped.txt"
-        run = run_python(f"open({str(target)!r}, 'w').write('x')")
-        assert run.returncode != 0 and not target.exists()
-        if not folder.is_relative_to("/tmp"):
-            assert "Read-only file system" in run.stderr
-    finally:
-        shutil.rmtree(folder)
-    home = Path.home() / "specexp-escaped.txt"
-    run_python(f"open({str(home)!r}, 'w').write('x')")
-    assert not home.exists()
-    inside = run_python("open('/tmp/inside.txt', 'w').write('ok'); print(open('/tmp/inside.txt').read())")
-    assert inside.returncode == 0 and inside.stdout.strip() == "ok"
-    assert not Path("/tmp/inside.txt").exists()  # its /tmp was private and is gone
-
-
-def test_code_has_no_network() -> None:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    port = server.getsockname()[1]
-    server.settimeout(0.5)
-    try:
-        run = run_python(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)")
-        with pytest.raises(TimeoutError):
-            server.accept()  # nothing ever arrived on the host's loopback
-    finally:
-        server.close()
-    assert run.returncode != 0 and "unreachable" in run.stderr.lower()
-
-
-def test_code_is_killed_at_its_time_limit_sleeping_or_spinning() -> None:
-    for code in ("while True: pass", "import time\nwhile True: time.sleep(1)"):
-        t0 = time.monotonic()
-        run = run_python(code, timeout_s=1.5)
-        assert run.timed_out and time.monotonic() - t0 < 6
-
-
-def _processes_with_cmdline(args: list[str]) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")[:-1]
-        except OSError:
-            continue
-        if [c.decode(errors="replace") for c in cmd] == args:
-            found.append(int(proc.name))
-    return found
-
-
-def test_daemons_started_by_the_code_die_with_it() -> None:
-    code = (
-        "import os\n"
-        "if os.fork() == 0:\n"
-        "    os.setsid()\n"
-        "    if os.fork() == 0:\n"
-        "        os.execvp('sleep', ['sleep', '4243.5'])\n"
-        "    os._exit(0)\n"
-        "print('started a daemon')\n"
-    )
-    run = run_python(code, timeout_s=5)
-    assert run.returncode == 0 and "started a daemon" in run.stdout
-    time.sleep(0.3)
-    assert _processes_with_cmdline(["sleep", "4243.5"]) == []
-
-
-def test_code_cannot_remount_or_gain_privileges() -> None:
-    run = run_python(
-        "import subprocess\n"
-        "r = subprocess.run(['mount', '-o', 'remount,rw', '/'], capture_output=True, text=True)\n"
-        "print('rc', r.returncode)\n"
-        "open('/etc/specexp-escaped', 'w')\n"
-    )
-    assert "rc 0" not in run.stdout and run.returncode != 0
-    assert not Path("/etc/specexp-escaped").exists()

@@ -13,6 +13,8 @@ import pytest
 
 from specexp.config.schema import BenchConfig, CaseConfig
 from specexp.launch.base import Endpoint
+from specexp.measure.traffic import CasePlan
+from specexp.measure.workload_files import Turn
 from specexp.tune import greedy
 
 
@@ -50,8 +52,12 @@ def server() -> Iterator[tuple[str, list[dict]]]:
     srv.server_close()
 
 
-def msgs(text: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": text}]
+def turn(text: str, record: int = 1) -> Turn:
+    return Turn(record, ({"role": "user", "content": text},))
+
+
+def plan(name: str, bench: BenchConfig, texts: list[str]) -> CasePlan:
+    return CasePlan(name, bench.cases[name], [(turn(t),) for t in texts])
 
 
 def test_each_distinct_prompt_once_in_trial_order_then_saved_and_loaded(server, tmp_path: Path) -> None:
@@ -63,8 +69,11 @@ def test_each_distinct_prompt_once_in_trial_order_then_saved_and_loaded(server, 
             "c4": CaseConfig(concurrency=4, max_tokens=4, ignore_eos=True),
         },
     )
-    prompts = {"c1": [msgs("alpha"), msgs("beta")], "c4": [msgs("gamma"), msgs("delta"), msgs("gamma")]}
-    out = asyncio.run(greedy.capture(Endpoint(url, "m"), bench, prompts))
+    plans = {
+        "c1": plan("c1", bench, ["alpha", "beta"]),
+        "c4": plan("c4", bench, ["gamma", "delta", "gamma"]),
+    }
+    out = asyncio.run(greedy.capture(Endpoint(url, "m"), bench, plans))
     assert len(seen) == 4  # "gamma" twice in a trial: asked once
     assert all(
         b["return_token_ids"] and b["temperature"] == 0 and b["seed"] == 7 and not b.get("stream")
@@ -86,4 +95,15 @@ def test_a_server_without_token_ids_is_a_clear_failure(server) -> None:
     url, _ = server
     bench = BenchConfig(cases={"c1": CaseConfig(concurrency=1)})
     with pytest.raises(greedy.CaptureFailed, match="no token ids"):
-        asyncio.run(greedy.capture(Endpoint(url, "m"), bench, {"c1": [msgs("old model")]}))
+        asyncio.run(greedy.capture(Endpoint(url, "m"), bench, {"c1": plan("c1", bench, ["old model"])}))
+
+
+def test_a_conversation_is_played_turn_by_turn_with_its_answers_in_the_history(server) -> None:
+    url, seen = server
+    bench = BenchConfig(cases={"c1": CaseConfig(concurrency=1, max_tokens=5)})
+    conv = (turn("first"), turn("second", 2))
+    out = asyncio.run(
+        greedy.capture(Endpoint(url, "m"), bench, {"c1": CasePlan("c1", bench.cases["c1"], [conv])})
+    )
+    assert [o.prompt_ids for o in out["c1"]] == [tuple(map(ord, "first")), tuple(map(ord, "secon"))]
+    assert [m["content"] for m in seen[1]["messages"]] == ["first", "x", "second"]  # the answer in between
