@@ -29,7 +29,7 @@ EPILOG = """examples:
   python -m specexp sweep experiment=spark_glm_mtp --dry-run
   python -m specexp show spec=ngram
   python -m specexp tune spec=none,ngram 'spec.depth=range(1,9)' --study depth
-  python -m specexp tune --search ngram_depth --study depth --write-experiment ngram_best
+  python -m specexp tune --search ngram_depth --study ngram-depth --write-experiment ngram_best
   python -m specexp verify --endpoint http://127.0.0.1:8000 --against ngram_best
   python -m specexp restarts 3 experiment=spark_glm_mtp
   python -m specexp doctor experiment=spark_glm_mtp
