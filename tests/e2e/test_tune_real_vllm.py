@@ -2,7 +2,8 @@
 
 A small study (no speculation and ngram depth 2-4, one stream and four) is interrupted
 while a trial measures, then resumed: the finished trial is not run again, the
-interrupted one is. ``verify`` runs against a real server started at depth 3. The ngram
+interrupted one is, and the depth model settles the rest (measured, or never started).
+``verify`` runs against a real server started at depth 3. The ngram
 replay is checked against vLLM's own proposal function.
 """
 
@@ -118,7 +119,7 @@ def test_tune_interrupted_mid_trial_resumes_and_never_reruns_a_finished_trial(wo
     trials = study.trials
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     # no variant measured twice; the finished trial was not run again (its files untouched)
-    assert len({attr(t, "hash") for t in done}) == len(done) >= 3
+    assert len({attr(t, "hash") for t in done}) == len(done) >= 2
     assert Path(str(attr(first[0], "folder")), "result.json").read_bytes() == baseline_result
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == 1]
     assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
@@ -126,24 +127,35 @@ def test_tune_interrupted_mid_trial_resumes_and_never_reruns_a_finished_trial(wo
     started = [attr(t, "hash") for t in trials if attr(t, "started")]
     assert len(started) == len(done) + 1  # every measured variant once, plus the interrupted start
 
-    # the depth model: greedy ids from the baseline, the deepest depth to calibrate, then the
-    # predicted best with its prediction beside the measurement
+    # the depth model: greedy ids from the baseline, the deepest depth to calibrate; every
+    # other candidate measured (its prediction beside the measurement) or never started
+    # because its prediction was not better by the margin
     folder0 = Path(str(attr(first[0], "folder")))
     outputs = greedy.load(folder0)
     assert outputs is not None and set(outputs) == {"c1", "c4"}
     assert attr(first[1], "label") == "ngram-k4"  # calibration: the deepest depth
     predicted = [t for t in done if attr(t, "predicted")]
-    assert predicted and all(attr(t, "prediction_error") for t in predicted)
+    assert all(attr(t, "prediction_error") for t in predicted)
+    report = sorted((workdir / "results").glob("e2e-*/tune.md"))[-1].read_text()
+    never = (
+        report.split("## never started", 1)[1].split("\n## ", 1)[0] if "## never started" in report else ""
+    )
+    ruled_out = {
+        row.split("|")[1].strip(): row.split("|")[2].strip() for row in never.splitlines()[3:] if row
+    }
+    measured = {str(attr(t, "label")) for t in done}
+    assert measured | set(ruled_out) == {"baseline", "ngram-k2", "ngram-k3", "ngram-k4"}
+    assert not measured & set(ruled_out) and all(ruled_out.values())  # each with its prediction
     for t in done:
         if attr(t, "label") == "baseline":
             continue
         depth = int(str(attr(t, "label")).rsplit("k", 1)[1])
         result = json.loads(Path(str(attr(t, "folder")), "result.json").read_text())
         for case, outs in outputs.items():
-            measured = result["cases"][case]["summary"]["acceptance_length"]["median"]
+            measured_len = result["cases"][case]["summary"]["acceptance_length"]["median"]
             replayed = replay(outs, depth, 2, 4).mean_length
             # the spec server's own greedy output can differ from the baseline's by rounding
-            assert replayed == pytest.approx(measured, rel=0.1), (case, depth)
+            assert replayed == pytest.approx(measured_len, rel=0.1), (case, depth)
 
     # MLflow: one parent run for the study, a child run per measured trial, tagged
     from mlflow.tracking import MlflowClient
@@ -158,7 +170,8 @@ def test_tune_interrupted_mid_trial_resumes_and_never_reruns_a_finished_trial(wo
     assert {t.number for t in done} <= finished
     killed = [r for r in children if r.data.tags["specexp.trial"] == "1"]
     assert killed and killed[0].info.status == "KILLED"
-    assert any("predicted.c1.decode_tok_s" in r.data.metrics for r in children)
+    if predicted:
+        assert any("predicted.c1.decode_tok_s" in r.data.metrics for r in children)
     assert any(a.path.startswith("plots") for a in client.list_artifacts(parents[0].info.run_id))
 
     # the recommendation is an experiment vLLM accepts as it is
