@@ -19,6 +19,7 @@ depth, and the MTP/EAGLE conditional model's per-position error (fitted on depth
 against the measured rates at 1-7; the naive model of raw rates beside it).
 
     python benchmarks/tune_cost.py                 # the real grid + a real tune (~30 min on 2 cores)
+    python benchmarks/tune_cost.py --max-depth 5 --trials 2   # a smaller grid (depths 1-5)
     python benchmarks/tune_cost.py --analyze DIR   # reprint the analysis of a full run
     python benchmarks/tune_cost.py --quick         # replays only, on the recorded grid (< 1 min)
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,20 +63,45 @@ DATA = ROOT / "benchmarks" / "data" / "tune_cost_grid.json"
 SEARCH = ["--search", "ngram_depth", "bench=tune_cost", "tracking=none"]
 OBJECTIVES = {"c1": "decode_tok_s", "c4": "output_tok_s"}
 WITHIN = 0.03
-DEPTHS = range(1, 9)
+
+
+def depths(grid: dict[str, Any]) -> list[int]:
+    """The grid's ngram depths (its size is a flag of the full run)."""
+    return sorted(int(k) for k in grid if k != "0")
 
 
 # -- the real runs --------------------------------------------------------------------------
-def _tune(workdir: Path, strategy: str, study: str) -> float:
+def size_overrides(max_depth: int, trials: int) -> list[str]:
+    """The grid's size: depths 1..max_depth (and the baseline), ``trials`` trials each."""
+    return [f"spec.depth=range(1,{max_depth + 1})", f"bench.trials={trials}"]
+
+
+def _tune(workdir: Path, strategy: str, study: str, size: list[str]) -> float:
     """One real ``tune`` run; returns its wall time."""
-    cmd = [sys.executable, "-m", "specexp", "tune", *SEARCH, "--strategy", strategy, "--study", study]
+    n = int(size[0].split(",")[1].rstrip(")"))  # every variant: depths 1..max and the baseline
+    cmd = [
+        sys.executable, "-m", "specexp", "tune", *SEARCH, *size,
+        "--n-trials", str(n), "--strategy", strategy, "--study", study,
+    ]  # fmt: skip
     env = {**os.environ, "SPECEXP_WORKDIR": str(workdir)}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True)
+    with open(workdir / f"{study}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+
+        def stop(_sig: int, _frame: object) -> None:
+            # stopped from outside (a time limit): tune stops its server as on Ctrl-C
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=300)
+            sys.exit(f"stopped during tune {strategy}; see {workdir / f'{study}.log'}")
+
+        old = signal.signal(signal.SIGTERM, stop)
+        try:
+            rc = proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, old)
     wall = time.perf_counter() - t0
-    (workdir / f"{study}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode not in (0, 1):
-        sys.exit(f"tune {strategy} failed ({proc.returncode}); see {workdir / f'{study}.log'}")
+    if rc not in (0, 1):
+        sys.exit(f"tune {strategy} failed ({rc}); see {workdir / f'{study}.log'}")
     return wall
 
 
@@ -101,6 +128,8 @@ def _study_trials(workdir: Path, study: str) -> list[dict[str, Any]]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not (workdir / "optuna.db").is_file():
+        return []  # not run (yet)
     s = optuna.load_study(study_name=study, storage=f"sqlite:///{workdir / 'optuna.db'}")
     out = []
     for t in s.get_trials(deepcopy=False):
@@ -123,7 +152,7 @@ def _key(label: str) -> str:
     return "0" if label == "baseline" else label.rsplit("k", 1)[-1]
 
 
-def collect(tmp: Path, walls: dict[str, float]) -> dict[str, Any]:
+def collect(tmp: Path, walls: dict[str, float], size: list[str]) -> dict[str, Any]:
     grid_trials = _study_trials(tmp / "grid", "grid")
     grid: dict[str, Any] = {}
     for t in grid_trials:
@@ -147,6 +176,7 @@ def collect(tmp: Path, walls: dict[str, float]) -> dict[str, Any]:
         "model_trials": model_trials,
         "model_runs": model_runs,
         "walls": walls,
+        "size": size,
         "recorded": time.strftime("%Y-%m-%d %H:%M"),
     }
 
@@ -213,10 +243,31 @@ def _real_wall(data: dict[str, Any], n: int | None) -> float | None:
     return float(started[n - 1]["end"] - min(t["start"] for t in trials))
 
 
+_COMPOSED: dict[Any, Any] = {}
+
+
+def _memo(fn: Any) -> Any:
+    """Hydra composes each candidate in ~1 s here, and every replay composes the same ones."""
+
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        key = (fn.__name__, repr(args), repr(sorted(kw.items())))
+        if key not in _COMPOSED:
+            _COMPOSED[key] = fn(*args, **kw)
+        return _COMPOSED[key]
+
+    return wrapped
+
+
 def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]:
     """A search replayed on the grid's figures: which variants it starts, in order."""
+    import specexp.tune.plan as plan_mod
+    import specexp.tune.study as study_mod
     from specexp.tune.plan import plan_tune
     from specexp.tune.study import Stored, run_tune
+
+    if not _COMPOSED:
+        study_mod.build_variant = _memo(study_mod.build_variant)  # type: ignore[attr-defined]
+        plan_mod.compose_config = _memo(plan_mod.compose_config)  # type: ignore[attr-defined]
 
     grid = data["grid"]
     greedy = _greedy(data["greedy"]) if data.get("greedy") else None
@@ -233,11 +284,14 @@ def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]
         tuner._learn(cand.key, stored)
         return stored
 
-    with tempfile.TemporaryDirectory(prefix="specexp-tunecost-") as tmp:
+    # the replay's study storage on tmpfs where there is one: a search is hundreds of small
+    # sqlite commits, each an fsync on disk
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="specexp-tunecost-", dir=shm) as tmp:
         os.environ["SPECEXP_WORKDIR"] = tmp
         with hydra_context():
             plan = plan_tune(
-                ["bench=tune_cost", "tracking=none"],
+                ["bench=tune_cost", "tracking=none", *data.get("size", [])],
                 search="ngram_depth",
                 study=f"{strategy}-{seed}",
                 strategy=strategy,
@@ -254,13 +308,14 @@ def prediction_errors(data: dict[str, Any]) -> list[list[str]]:
     rows = []
     for case, metric in OBJECTIVES.items():
         base = _fig(grid["0"], case)
-        deep = SpecConfig(method="ngram", depth=8, prompt_lookup_min=2, prompt_lookup_max=4)
+        top = max(depths(grid))
+        deep = SpecConfig(method="ngram", depth=top, prompt_lookup_min=2, prompt_lookup_max=4)
         acc8 = ngram_acceptance(greedy[case], deep)
         cost = fit_step_cost(
-            [(acc8.drafts_per_step, base * acc8.tokens_per_step / _fig(grid["8"], case) - 1)]
+            [(acc8.drafts_per_step, base * acc8.tokens_per_step / _fig(grid[str(top)], case) - 1)]
         )
         assert cost is not None
-        for k in DEPTHS:
+        for k in depths(grid):
             spec = SpecConfig(method="ngram", depth=k, prompt_lookup_min=2, prompt_lookup_max=4)
             acc = ngram_acceptance(greedy[case], spec)
             pred = base * cost.ratio(acc)
@@ -292,8 +347,9 @@ def conditional_errors(data: dict[str, Any]) -> list[list[str]]:
     grid = data["grid"]
     rows = []
     for case in OBJECTIVES:
-        deep = _rates(grid["8"], case)
-        for k in range(1, 8):
+        top = max(depths(grid))
+        deep = _rates(grid[str(top)], case)
+        for k in depths(grid)[:-1]:
             meas = _rates(grid[str(k)], case)
             cond = conditional_acceptance(deep, k).per_position
             naive = naive_acceptance(deep, k).per_position
@@ -319,7 +375,7 @@ def replay_exactness(data: dict[str, Any]) -> tuple[int, int]:
     grid, greedy = data["grid"], _greedy(data["greedy"])
     same = total = 0
     for case in OBJECTIVES:
-        for k in DEPTHS:
+        for k in depths(grid):
             stats = replay(greedy[case], k, 2, 4)
             meas = grid[str(k)]["cases"][case]["summary"].get("acceptance_length", {}).get("median")
             total += 1
@@ -338,7 +394,8 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
 
 def analyze(data: dict[str, Any], seeds: int) -> None:
     grid = data["grid"]
-    print(f"grid recorded {data.get('recorded', '?')}: {len(grid)} variants")
+    size = " ".join(data.get("size", [])) or "spec.depth=range(1,9) bench.trials=3"
+    print(f"grid recorded {data.get('recorded', '?')}: {len(grid)} variants ({size})")
     _table(
         ["variant", *[f"{c}.{m}" for c, m in OBJECTIVES.items()], "wall s"],
         [
@@ -365,7 +422,8 @@ def analyze(data: dict[str, Any], seeds: int) -> None:
         *[f"{c}: wall s" for c in OBJECTIVES],
         "starts in all",
     ]
-    rows = [["grid", *["9"] * 2, *[f"{grid_wall:.0f}"] * 2, "9"]]
+    n = len(grid)
+    rows = [["grid", *[str(n)] * 2, *[f"{grid_wall:.0f}"] * 2, str(n)]]
     for name, order in (("specexp tune (real run)", real), ("specexp tune (replayed)", spec_order)):
         if not order:
             continue
@@ -422,7 +480,7 @@ def analyze(data: dict[str, Any], seeds: int) -> None:
     errs = [abs(float(r[4].split()[0])) for r in prediction_errors(data)]
     print(
         f"headline: specexp tune reaches within 3 % of the grid's best in {spec_starts} starts at both "
-        f"concurrencies (grid 9 = {spec_starts / 9:.0%}; plain TPE {tpe_mean:.1f}); depth-model error "
+        f"concurrencies (grid {n} = {spec_starts / n:.0%}; plain TPE {tpe_mean:.1f}); depth-model error "
         f"median {statistics.median(errs):.1f} %, max {max(errs):.1f} %"
     )
 
@@ -431,27 +489,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="replays only, on the recorded grid")
     ap.add_argument("--analyze", metavar="DIR", help="reprint the analysis of a full run's folder")
-    ap.add_argument("--seeds", type=int, default=None, help="TPE seeds replayed (default 20; quick 8)")
+    ap.add_argument("--seeds", type=int, default=None, help="TPE seeds replayed (default 20; quick 5)")
     ap.add_argument("--save", action="store_true", help="full run: also update benchmarks/data/")
+    ap.add_argument("--max-depth", type=int, default=8, help="full run: ngram depths 1..N (default 8)")
+    ap.add_argument("--trials", type=int, default=3, help="full run: trials per variant (default 3)")
     args = ap.parse_args()
     if args.quick:
-        analyze(json.loads(DATA.read_text()), args.seeds or 8)
+        analyze(json.loads(DATA.read_text()), args.seeds or 5)
         return
     if args.analyze:
         analyze(json.loads((Path(args.analyze) / "data.json").read_text()), args.seeds or 20)
         return
     tmp = Path(tempfile.mkdtemp(prefix="specexp-tune-cost-"))
-    print(f"folder: {tmp}", flush=True)
-    walls = {}
+    if args.max_depth < 2 or args.trials < 1:
+        sys.exit("specexp: error: --max-depth must be >= 2 and --trials >= 1")
+    size = size_overrides(args.max_depth, args.trials)
+    print(f"folder: {tmp}; size: {' '.join(size)}", flush=True)
+    walls: dict[str, float] = {}
     for strategy, study in (("grid", "grid"), ("model", "model")):
         (tmp / study).mkdir()
-        walls[study] = _tune(tmp / study, strategy, study)
+        walls[study] = _tune(tmp / study, strategy, study, size)
         print(f"{study}: {walls[study]:.0f} s", flush=True)
-    data = collect(tmp, walls)
-    (tmp / "data.json").write_text(json.dumps(data))
-    if args.save:
-        DATA.parent.mkdir(parents=True, exist_ok=True)
-        DATA.write_text(json.dumps(data))
+        # saved after the grid too: its replays stand even if the real tune is cut short
+        data = collect(tmp, walls, size)
+        (tmp / "data.json").write_text(json.dumps(data))
+        if args.save:
+            DATA.parent.mkdir(parents=True, exist_ok=True)
+            DATA.write_text(json.dumps(data))
     analyze(data, args.seeds or 20)
 
 
