@@ -261,6 +261,7 @@ def _memo(fn: Any) -> Any:
 def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]:
     """A search replayed on the grid's figures: which variants it starts, in order."""
     import specexp.tune.plan as plan_mod
+    import specexp.tune.report as report_mod
     import specexp.tune.study as study_mod
     from specexp.tune.plan import plan_tune
     from specexp.tune.study import Stored, run_tune
@@ -268,6 +269,7 @@ def replayed_search(data: dict[str, Any], strategy: str, seed: int) -> list[str]
     if not _COMPOSED:
         study_mod.build_variant = _memo(study_mod.build_variant)  # type: ignore[attr-defined]
         plan_mod.compose_config = _memo(plan_mod.compose_config)  # type: ignore[attr-defined]
+        report_mod.write_plots = lambda *_a, **_k: []  # a replay's plots are never looked at
 
     grid = data["grid"]
     greedy = _greedy(data["greedy"]) if data.get("greedy") else None
@@ -451,7 +453,7 @@ def analyze(data: dict[str, Any], seeds: int) -> None:
             f"wall {data['walls'].get('model', 0):.0f} s; "
             f"grid wall {data['walls'].get('grid', grid_wall):.0f} s"
         )
-    print("\ndepth model: predicted (baseline + depth 8 calibration) against the grid")
+    print(f"\ndepth model: predicted (baseline + depth {max(depths(grid))} calibration) against the grid")
     _table(
         ["figure", "k", "predicted", "measured", "error", "acc.len replay", "acc.len vLLM"],
         prediction_errors(data),
@@ -460,7 +462,7 @@ def analyze(data: dict[str, Any], seeds: int) -> None:
     print(
         f"\nngram replay against vLLM's counters: mean acceptance length equal in {same}/{total} depth x case"
     )
-    print("\nMTP/EAGLE conditional model (fitted on depth 8's per-position rates)")
+    print(f"\nMTP/EAGLE conditional model (fitted on depth {max(depths(grid))}'s per-position rates)")
     _table(
         [
             "case",
