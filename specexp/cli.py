@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     tu.add_argument("--search", metavar="NAME", help="conf/search/NAME.yaml (the command line wins per key)")
     tu.add_argument("--study", metavar="NAME", help="study name; an existing one is continued")
-    tu.add_argument("--storage", metavar="URL", help="Optuna RDB storage (default sqlite:///<project>/optuna.db)")
+    tu.add_argument(
+        "--storage", metavar="URL", help="Optuna RDB storage (default sqlite:///<project>/optuna.db)"
+    )
     tu.add_argument("--n-trials", type=int, help="trials that settle a variant, in the whole study")
     tu.add_argument(
         "--objective", action="append", metavar="CASE[.METRIC][:max|:min]", help="repeat for a Pareto front"
