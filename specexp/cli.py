@@ -28,6 +28,9 @@ EPILOG = """examples:
   python -m specexp sweep spec.depth=3,5 attention=flashinfer,b12x server.block_size=16,32 --dry-run
   python -m specexp sweep experiment=spark_glm_mtp --dry-run
   python -m specexp show spec=ngram
+  python -m specexp tune spec=none,ngram 'spec.depth=range(1,9)' --study depth
+  python -m specexp tune --search ngram_depth --study ngram-depth --write-experiment ngram_best
+  python -m specexp verify --endpoint http://127.0.0.1:8000 --against ngram_best
   python -m specexp restarts 3 experiment=spark_glm_mtp
   python -m specexp doctor experiment=spark_glm_mtp
   python -m specexp deploy spark_glm_mtp --launcher gpustack launcher.gpustack.url=http://gpustack.lan
@@ -73,6 +76,29 @@ def _parser() -> argparse.ArgumentParser:
         help="a server that lives with this process (local, multinode): stop it after the check",
     )
     dp.add_argument("--no-validate", action="store_true", help="skip the check against the installed vLLM")
+    tu = sub.add_parser("tune", help="Optuna search over speculative settings (resumable, fewer starts)")
+    tu.add_argument(
+        "overrides", nargs="*", help="Hydra sweep grammar: key=a,b  'key=range(1,9)'  'key=interval(0.5,0.9)'"
+    )
+    tu.add_argument("--search", metavar="NAME", help="conf/search/NAME.yaml (the command line wins per key)")
+    tu.add_argument("--study", metavar="NAME", help="study name; an existing one is continued")
+    tu.add_argument(
+        "--storage", metavar="URL", help="Optuna RDB storage (default sqlite:///<project>/optuna.db)"
+    )
+    tu.add_argument("--n-trials", type=int, help="trials that settle a variant, in the whole study")
+    tu.add_argument(
+        "--objective", action="append", metavar="CASE[.METRIC][:max|:min]", help="repeat for a Pareto front"
+    )
+    tu.add_argument("--strategy", help="model (depth model + TPE, default), tpe, grid, random")
+    tu.add_argument("--margin", type=float, help="start only candidates predicted this much better (0.05)")
+    tu.add_argument("--seed", type=int, help="sampler seed")
+    tu.add_argument("--write-experiment", metavar="NAME", help="write conf/experiment/NAME.yaml (the result)")
+    vf = sub.add_parser("verify", help="diff a live server's effective config against a recommendation")
+    vf.add_argument("--endpoint", required=True, metavar="URL", help="the server, e.g. http://127.0.0.1:8000")
+    vf.add_argument(
+        "--against", required=True, metavar="EXPERIMENT|RUN_ID", help="conf/experiment name or MLflow run id"
+    )
+    vf.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the server's API key")
     sh = sub.add_parser("show", help="print the composed config for one set of overrides")
     sh.add_argument("overrides", nargs="*")
     md = sub.add_parser("model", help="the embedded default model (built offline from a PyPI wheel)")
@@ -388,6 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _deploy(args, console)
         if args.cmd == "show":
             return _show(args, console)
+        if args.cmd == "tune":
+            from specexp.tune.command import tune
+
+            return tune(args, console)
+        if args.cmd == "verify":
+            from specexp.launch.verify import verify_command
+
+            return verify_command(args, console)
         if args.cmd == "model":
             return _model(args, console)
         if args.cmd == "suite":

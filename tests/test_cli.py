@@ -8,7 +8,20 @@ from specexp.cli import _parser
 from tests.helpers import require_vllm, run_cli
 from tests.launch.test_plan import SEED_ENV, SEED_FLAGS
 
-SUBCOMMANDS = ["sweep", "deploy", "show", "model", "compare", "sync", "ui", "restarts", "doctor", "suite"]
+SUBCOMMANDS = [
+    "sweep",
+    "deploy",
+    "tune",
+    "verify",
+    "show",
+    "model",
+    "compare",
+    "sync",
+    "ui",
+    "restarts",
+    "doctor",
+    "suite",
+]
 
 
 def test_the_parser_has_exactly_the_subcommands() -> None:

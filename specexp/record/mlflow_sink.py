@@ -264,13 +264,28 @@ class MlflowRecorder:
             metrics["wall_s"] = sweep.wall_s
         ts = _now_ms()
         client.log_batch(parent, metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()])
-        for name in ("sweep.json", "compare.md"):
+        for name in ("sweep.json", "compare.md", "tune.md"):
             if (folder / name).exists():
                 client.log_artifact(parent, str(folder / name))
         plots = folder / "plots"
         if plots.is_dir():
             client.log_artifacts(parent, str(plots), artifact_path="plots")
         client.set_terminated(parent, status=_SWEEP_STATUS[sweep.status])
+
+    # -- beyond the Recorder protocol (a tune study's parent run and predictions) ---------
+    def tag_parent(self, key: str, value: str) -> None:
+        if self.sweep is not None and self.sweep.tracking.parent_run_id:
+            self.client.set_tag(self.sweep.tracking.parent_run_id, key, value[:5000])
+
+    def log_metrics(self, variant: Variant, metrics: dict[str, float]) -> None:
+        """Extra figures on a variant's run (a prediction beside what was measured)."""
+        run_id = self._run_of(variant.hash)
+        if run_id is None or not metrics:
+            return
+        from mlflow.entities import Metric
+
+        ts = _now_ms()
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])
 
     def log_run(
         self,

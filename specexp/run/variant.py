@@ -310,7 +310,18 @@ async def _bench_launch(session: VariantSession, endpoint: Endpoint, launch: int
             session.keep(vb)
 
 
-def run_variant(session: VariantSession, baseline: VariantResult | None, launches: int = 1) -> VariantResult:
+# Runs while the first launch's server is still up after its trials (e.g. ``tune`` asks it
+# for the greedy token ids behind the measured outputs); it records its own failures.
+AfterBench = Callable[[VariantSession, Endpoint], None]
+
+
+def run_variant(
+    session: VariantSession,
+    baseline: VariantResult | None,
+    launches: int = 1,
+    *,
+    after_bench: AfterBench | None = None,
+) -> VariantResult:
     """The whole life of one variant in one go; any failure is recorded, Ctrl-C re-raised."""
     session.baseline = baseline
     session.begin()
@@ -322,6 +333,8 @@ def run_variant(session: VariantSession, baseline: VariantResult | None, launche
                 if launch == 0:
                     session.check_suite(endpoint, baseline)
                 asyncio.run(_bench_launch(session, endpoint, launch))
+                if launch == 0 and after_bench is not None and session.ok:
+                    after_bench(session, endpoint)
                 session.say("stopping server")
     except BaseException as exc:
         session.fail(exc)

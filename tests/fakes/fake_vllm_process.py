@@ -130,16 +130,15 @@ class Health(http.server.BaseHTTPRequestHandler):
         ]
         events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         events.append({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 4}})
-        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        raw = body.encode()
+        chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(raw)))
+        self.send_header("Content-Length", str(sum(map(len, chunks))))
         self.end_headers()
-        for i in range(0, len(raw), 64):
-            self.wfile.write(raw[i : i + 64])
+        for chunk in chunks:  # an event per write, apart: a loaded client still sees separate tokens
+            self.wfile.write(chunk)
             self.wfile.flush()
-            time.sleep(0.001)
+            time.sleep(0.005)
 
     def log_message(self, *args: object) -> None:
         pass
