@@ -209,11 +209,11 @@ def run_peer(plan: LaunchPlan, tmp: Path, workload: Path) -> float:
     return wall
 
 
-def run_specexp(tmp: Path, workload: Path) -> float:
+def run_specexp(tmp: Path, workload: Path, extra: list[str]) -> float:
     env = os.environ | {"SPECEXP_WORKDIR": str(tmp / "specexp")}
     cmd = [
         sys.executable, "-m", "specexp", "sweep", "spec=ngram", "spec.depth=3,5",
-        *specexp_overrides(workload, OUT_LEN),
+        *specexp_overrides(workload, OUT_LEN), *extra,
         "suite=none",  # the peer has no functional suite
         "bench.order=interleaved", "--name", "ab",
     ]  # fmt: skip
@@ -338,7 +338,7 @@ def plot(out: Path, rows: list[tuple[str, Curve, Curve]], p_wall: float, s_wall:
     return path
 
 
-def full(out: Path, analyze_only: bool) -> None:
+def full(out: Path, analyze_only: bool, extra: list[str] | None = None) -> None:
     if not analyze_only:
         out.mkdir(parents=True, exist_ok=False)
         plan = baseline_plan()
@@ -348,9 +348,9 @@ def full(out: Path, analyze_only: bool) -> None:
         p_t0 = time.time()
         p_wall = run_peer(plan, out, workload)
         print(f"  {p_wall:.1f}s", flush=True)
-        print("running specexp sweep (3 servers interleaved, conf/bench/ab_grid.yaml) …", flush=True)
+        print(f"running specexp sweep (3 servers interleaved, ab_grid {' '.join(extra or [])}) …", flush=True)
         s_t0 = time.time()
-        s_wall = run_specexp(out, workload)
+        s_wall = run_specexp(out, workload, extra or [])
         print(f"  {s_wall:.1f}s", flush=True)
         walls = {"peer": p_wall, "peer_t0": p_t0, "specexp": s_wall, "specexp_t0": s_t0}
         (out / "walls.json").write_text(json.dumps(walls))
@@ -453,31 +453,81 @@ def design(out: Path, rounds: int) -> None:
     report_design(trials)
 
 
-def report_design(trials: dict[str, list[tuple[float, float, float]]]) -> None:
+@dataclass
+class Design:
+    name: str
+    concurrency: int
+    prompts: int
+    window_s: float  # the measured window
+    trial_s: float  # the window plus the gap to the next one (scrapes, cache reset)
+    noise: float  # per-trial CV
+
+    def seconds_for(self, target: float) -> float | None:
+        """One comparison's measuring time to a ``target``-wide interval in expectation:
+        n trials on each side (interleaved, both sides grow)."""
+        n = trials_for(target, self.noise)
+        return None if n is None else 2 * n * self.trial_s
+
+
+def designs_of(trials: dict[str, list[tuple[float, float, float]]]) -> list[Design]:
     order = sorted((t[0], n) for n, ts in trials.items() for t in ts)
-    cost: dict[str, list[float]] = {n: [] for n in trials}  # window plus the gap to the next window
+    cost: dict[str, list[float]] = {n: [] for n in trials}
     for (start, name), (nxt, _) in itertools.pairwise(order):
         cost[name].append(nxt - start)
+    return [
+        Design(
+            name,
+            conc,
+            prompts,
+            statistics.median(d for _, d, _ in trials[name]),
+            statistics.median(cost[name]),
+            cv([v for _, _, v in trials[name]]),
+        )
+        for name, (conc, prompts) in DESIGNS.items()
+    ]
+
+
+def pick(designs: list[Design], target: float = TARGET) -> tuple[dict[int, Design], int]:
+    """The rule: per concurrency, the design whose expected time to a ``target``-wide
+    interval (trials needed at its noise × its time per trial) is least, among those that
+    use only the peer's prompts; and the rounds the noisier pick needs."""
+    best: dict[int, Design] = {}
+    for d in designs:
+        t = d.seconds_for(target)
+        if d.prompts > PEER_PROMPTS or t is None:
+            continue
+        if d.concurrency not in best or t < (best[d.concurrency].seconds_for(target) or math.inf):
+            best[d.concurrency] = d
+    rounds = max((trials_for(target, d.noise) or 0 for d in best.values()), default=0)
+    return best, rounds
+
+
+def report_design(trials: dict[str, list[tuple[float, float, float]]]) -> None:
+    designs = designs_of(trials)
     print(f"\n{'design':>8} {'conc':>4} {'prompts':>7} {'window s':>8} {'trial s':>7} {'CV':>6} "
           f"{'n for 0.10':>10} {'s for 0.10':>10} {'n for 0.20':>10} {'s for 0.20':>10}")  # fmt: skip
-    best: dict[int, tuple[float, str]] = {}
-    for name, (conc, prompts) in DESIGNS.items():
-        vals = [v for _, _, v in trials[name]]
-        noise = cv(vals)
-        per = statistics.median(cost[name])
-        window = statistics.median(d for _, d, _ in trials[name])
+    for d in designs:
         cells = []
         for target in (TARGET, 2 * TARGET):
-            n = trials_for(target, noise)
-            # interleaved: each round measures both sides, so a comparison costs 2 n trials
-            cells += [f"{n or '>60':>10}", f"{2 * n * per:>10.0f}" if n else f"{'–':>10}"]
-            if target == TARGET and n:
-                best[conc] = min(best.get(conc, (math.inf, "")), (2 * n * per, name))
-        print(f"{name:>8} {conc:>4} {prompts:>7} {window:>8.1f} {per:>7.1f} {noise:>6.1%} {' '.join(cells)}")
-    picks = ", ".join(
-        f"concurrency {c}: {n} ({t:.0f}s for one comparison)" for c, (t, n) in sorted(best.items())
-    )
-    print(f"soonest to a 0.10-wide interval: {picks or 'none within 60 trials'}")
+            n, t = trials_for(target, d.noise), d.seconds_for(target)
+            cells += [f"{n or '>60':>10}", f"{t:>10.0f}" if t else f"{'–':>10}"]
+        print(
+            f"{d.name:>8} {d.concurrency:>4} {d.prompts:>7} {d.window_s:>8.1f} {d.trial_s:>7.1f} "
+            f"{d.noise:>6.1%} {' '.join(cells)}"
+        )
+    best, rounds = pick(designs)
+    picks = ", ".join(f"concurrency {c}: {d.prompts} prompts ({d.name})" for c, d in sorted(best.items()))
+    print(f"soonest to a {TARGET:.2f}-wide interval: {picks or 'none within 60 trials'}; {rounds} trials")
+
+
+def design_overrides(folder: Path) -> list[str]:
+    """ab_grid's cases set to the measured pick (``--design-from``)."""
+    best, rounds = pick(designs_of(json.loads((folder / "design.json").read_text())))
+    out = [f"bench.trials={rounds}"] if rounds else []
+    for case, conc in CASES:
+        if conc in best:
+            out.append(f"bench.cases.{case}.num_prompts={best[conc].prompts}")
+    return out
 
 
 # -- quick ------------------------------------------------------------------------------------
@@ -540,6 +590,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one server, one measured run per tool")
     ap.add_argument("--design", action="store_true", help="per-trial noise against trial length, one server")
     ap.add_argument("--rounds", type=int, default=8, help="--design: rounds of every candidate design")
+    ap.add_argument("--design-from", type=Path, help="full run: ab_grid's cases as a --design folder picks")
     ap.add_argument("--out", type=Path, help="folder for the results (default: a new one in /tmp)")
     ap.add_argument("--analyze", type=Path, help="print the comparison from an earlier run's folder")
     args = ap.parse_args()
@@ -555,7 +606,12 @@ def main() -> None:
     elif args.analyze:
         full(args.analyze, analyze_only=True)
     else:
-        full(args.out or Path(tempfile.gettempdir()) / f"specexp-time-to-ab-{stamp}", analyze_only=False)
+        extra = design_overrides(args.design_from) if args.design_from else []
+        full(
+            args.out or Path(tempfile.gettempdir()) / f"specexp-time-to-ab-{stamp}",
+            analyze_only=False,
+            extra=extra,
+        )
 
 
 if __name__ == "__main__":
