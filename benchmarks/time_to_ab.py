@@ -327,6 +327,7 @@ def plot(out: Path, rows: list[tuple[str, Curve, Curve]], p_wall: float, s_wall:
         ax.set_title(title)
         ax.set_ylabel("90 % interval width")
         ax.set_yscale("log")
+        ax.set_xlim(left=0)
     for ax in axes[1]:
         ax.set_xlabel("seconds since the tool started")
     axes[0][0].legend(fontsize=7)
