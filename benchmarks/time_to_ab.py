@@ -72,6 +72,7 @@ PEER_PROMPTS = 8
 PEER_RUNS = 3
 CONFIDENCE = 0.90  # the most a 3-vs-3 comparison (the peer's) can give
 TARGET = 0.10
+MAX_ROUNDS = 10  # the grid's cap on specexp's rounds, so a noisy machine cannot run it for long
 SPECS = {
     "ngram-k3": {
         "method": "ngram",
@@ -500,7 +501,7 @@ def pick(designs: list[Design], target: float = TARGET) -> tuple[dict[int, Desig
         if d.concurrency not in best or t < (best[d.concurrency].seconds_for(target) or math.inf):
             best[d.concurrency] = d
     rounds = max((trials_for(target, d.noise) or 0 for d in best.values()), default=0)
-    return best, rounds
+    return best, min(rounds, MAX_ROUNDS)
 
 
 def report_design(trials: dict[str, list[tuple[float, float, float]]]) -> None:
