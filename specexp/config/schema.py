@@ -349,6 +349,9 @@ class BenchConfig:
     # Adaptive trials: while a case has no clear verdict against the baseline, add another
     # batch of `trials`, up to this many (0 = off). Confidence is split over the looks.
     max_trials: int = 0
+    # Adaptive trials stop on precision too: a case is done once its ratio's interval is at
+    # most this wide (0.10: about ±5 %), clear verdict or not (null: only a verdict stops).
+    target_width: float | None = None
     # sequential: one server at a time, all its trials in a row. interleaved: every
     # variant's server up at once, one trial of each per round, so slow drift of the
     # machine lands on all variants alike (needs memory for all servers together).
@@ -384,6 +387,14 @@ class BenchConfig:
             raise ValueError(f"bench.launches={self.launches} must be >= 1")
         if self.max_trials and self.max_trials < self.trials:
             raise ValueError(f"bench.max_trials={self.max_trials} is below bench.trials={self.trials}")
+        if self.target_width is not None:
+            if not self.target_width > 0:
+                raise ValueError(f"bench.target_width={self.target_width} must be > 0")
+            if self.max_trials <= self.trials:
+                raise ValueError(
+                    f"bench.target_width needs bench.max_trials above bench.trials={self.trials} "
+                    "(the cap on the trials added to reach it)"
+                )
         if self.order not in ("sequential", "interleaved"):
             raise ValueError(f"bench.order: {self.order!r} is not sequential or interleaved")
         if self.freeze_idle not in ("auto", "on", "off"):

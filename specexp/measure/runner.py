@@ -303,16 +303,33 @@ def undecided(
     baseline: dict[str, CaseResult] | None,
     confidence: float,
     trust_loops: bool = False,
+    target_width: float | None = None,
 ) -> list[str]:
     """Cases whose main figure has no clear verdict against the baseline's cases yet (a
-    case that is not trusted because its outputs loop is not helped by more trials)."""
+    case that is not trusted because its outputs loop is not helped by more trials).
+
+    With ``target_width`` a case without a verdict is done too once its ratio's interval
+    (at the same per-look confidence) is at most that wide: "within ±5 %" is an answer."""
     out = []
     for name, case in cases.items():
         base = (baseline or {}).get(name)
         verdict = case_verdict(case, base, confidence, trust_loops) if base is not None else None
-        if verdict is not None and verdict.verdict == "no clear difference":
-            out.append(name)
+        if verdict is None or verdict.verdict != "no clear difference":
+            continue
+        lo, hi = verdict.ci_low, verdict.ci_high
+        if target_width is not None and lo is not None and hi is not None and hi - lo <= target_width:
+            continue
+        out.append(name)
     return out
+
+
+def wants_more(
+    bench: BenchConfig, cases: dict[str, CaseResult], baseline: dict[str, CaseResult] | None
+) -> bool:
+    """Whether adaptive trials add another batch: some case is still undecided at the
+    per-look confidence (the error budget split over every look ``bench.max_trials`` allows)."""
+    confidence = look_confidence(bench.trials, bench.max_trials)
+    return bool(undecided(cases, baseline, confidence, bench.trust_loops, bench.target_width))
 
 
 async def measure(
@@ -322,17 +339,13 @@ async def measure(
     baseline: VariantResult | None = None,
 ) -> dict[str, CaseResult]:
     """All of one variant's trials in a row; with ``bench.max_trials`` above ``bench.trials``,
-    more batches follow while a case has no clear verdict against ``baseline``."""
-    confidence = look_confidence(bench.trials, bench.max_trials)
+    more batches follow while a case has no clear verdict against ``baseline`` (nor, with
+    ``bench.target_width``, an interval that narrow)."""
     async with VariantBench(endpoint, bench, progress) as vb:
         target = bench.trials
         while vb.done < target:
             await vb.run_trial(target)
             base = baseline.cases if baseline else None
-            if (
-                vb.done == target
-                and target < bench.max_trials
-                and undecided(vb.results(), base, confidence, bench.trust_loops)
-            ):
+            if vb.done == target and target < bench.max_trials and wants_more(bench, vb.results(), base):
                 target = min(bench.max_trials, target + bench.trials)
         return vb.results()

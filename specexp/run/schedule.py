@@ -15,8 +15,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from specexp.launch.base import Endpoint, Pausable
-from specexp.measure.runner import VariantBench, undecided
-from specexp.measure.stats import look_confidence
+from specexp.measure.runner import VariantBench, wants_more
 from specexp.record.results import VariantResult
 from specexp.run.variant import VariantSession, run_variant
 
@@ -154,7 +153,8 @@ async def _rounds(
     live: list[tuple[VariantSession, Endpoint]], turn: Callable[[VariantSession], None], launch: int
 ) -> None:
     """Round-robin trials. Each variant runs its own ``bench.trials`` (and adaptive batches
-    up to its own ``bench.max_trials`` while a case has no clear verdict); a variant whose
+    up to its own ``bench.max_trials`` while a case has no clear verdict nor, with
+    ``bench.target_width``, an interval that narrow); a variant whose
     server fails leaves the rotation and the others go on."""
     async with contextlib.AsyncExitStack() as stack:
         benches: list[tuple[VariantSession, VariantBench, int]] = []
@@ -187,9 +187,8 @@ async def _rounds(
             for s, vb, _ in benches:  # adaptive trials: another batch where a verdict is unclear
                 bench = s.bench_cfg
                 target = targets[s.variant.hash]
-                confidence = look_confidence(bench.trials, bench.max_trials)
                 base = s.baseline.cases if s.baseline else None
-                if s.ok and target < bench.max_trials and undecided(vb.results(), base, confidence):
+                if s.ok and target < bench.max_trials and wants_more(bench, vb.results(), base):
                     targets[s.variant.hash] = min(bench.max_trials, target + bench.trials)
                     grown = True
                     # both sides of the comparison grow, so the drift lands on both

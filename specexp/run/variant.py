@@ -32,7 +32,7 @@ from specexp.launch.base import (
 from specexp.launch.plan import LaunchPlan
 from specexp.launch.preflight import check_checkpoint
 from specexp.measure.long_prompt import load_tokenizer
-from specexp.measure.runner import VariantBench, undecided
+from specexp.measure.runner import VariantBench, wants_more
 from specexp.measure.stats import attach_verdicts, look_confidence
 from specexp.record.recorder import Recorder
 from specexp.record.results import CaseResult, TrialRecord, VariantResult
@@ -293,12 +293,11 @@ async def measure_launch(session: VariantSession, vb: VariantBench, target: int)
     """Trials of one launch back to back, then (adaptive trials) more batches while a case
     has no clear verdict against the baseline."""
     bench = session.bench_cfg
-    confidence = look_confidence(bench.trials, bench.max_trials)
     base = session.baseline.cases if session.baseline else None
     while vb.done < target:
         await vb.run_trial(target)
         session.check_alive(vb)
-        if vb.done == target and target < bench.max_trials and undecided(vb.results(), base, confidence):
+        if vb.done == target and target < bench.max_trials and wants_more(bench, vb.results(), base):
             target = min(bench.max_trials, target + bench.trials)
 
 

@@ -82,6 +82,8 @@ def test_same_config_same_hash_and_tracking_does_not_change_it() -> None:
         ("attention=nope", "attention"),
         ("server.gpu_memory_utilization=1.5", "gpu_memory_utilization"),
         ("spec.depth=3,", "spec.depth"),
+        ("bench.target_width=0.1", "bench.target_width needs bench.max_trials"),
+        ("bench.target_width=0 bench.max_trials=20", "bench.target_width=0"),
     ],
 )
 def test_bad_override_is_one_line_naming_the_key(override: str, expected: str) -> None:

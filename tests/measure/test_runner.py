@@ -92,6 +92,52 @@ def test_without_a_baseline_trials_are_not_extended(tmp_path: Path) -> None:
     assert all(s > 0 for s in started)
 
 
+def _spread_baseline(trials: int, cases: dict[str, int]) -> VariantResult:
+    """Baseline trials spread over eight orders of magnitude around anything the fake
+    server does: no verdict against it, and an interval ~10^4 wide."""
+    base = _baseline(1.0, trials, cases)
+    for case in base.cases.values():
+        for i, t in enumerate(case.trials):
+            t.metrics = dict.fromkeys(t.metrics, 10.0 ** (2 * i - 3))
+    return base
+
+
+@pytest.mark.parametrize(("target_width", "trials"), [(None, 15), (1e-6, 15), (1e9, 5)])
+def test_target_width_stops_adding_batches_once_the_interval_is_that_narrow(
+    tmp_path: Path, target_width: float | None, trials: int
+) -> None:
+    extra = [] if target_width is None else [f"bench.target_width={target_width}"]
+    bench = _bench("bench.trials=5", "bench.max_trials=15", "bench.warmup_requests=0", *extra)
+    cases = {name: c.concurrency for name, c in bench.cases.items()}
+    results = _run(tmp_path, bench, _spread_baseline(5, cases))
+    assert {len(c.trials) for c in results.values()} == {trials}
+    verdict = case_verdict(results["single"], _spread_baseline(5, cases).cases["single"])
+    assert verdict is not None and verdict.verdict == "no clear difference"
+
+
+def _case(values: list[float]) -> CaseResult:
+    trials = [
+        TrialRecord(case="single", trial=i, duration_s=1.0, requests=[], metrics={"decode_tok_s": v})
+        for i, v in enumerate(values)
+    ]
+    return CaseResult(case="single", concurrency=1, trials=trials, summary={})
+
+
+def test_undecided_counts_a_narrow_interval_as_an_answer_only_with_a_target_width() -> None:
+    base = {"single": _case([100.0, 101.0, 99.0, 100.5, 99.5])}
+    tight = {"single": _case([100.2, 100.9, 99.2, 100.4, 99.8])}  # no difference, ±1 %
+    loose = {"single": _case([80.0, 120.0, 95.0, 110.0, 90.0])}  # no difference, ±20 %
+    faster = {"single": _case([150.0, 151.0, 149.0, 150.5, 149.5])}
+    assert runner.undecided(tight, base, 0.95) == ["single"]
+    assert runner.undecided(tight, base, 0.95, target_width=0.10) == []
+    assert runner.undecided(loose, base, 0.95, target_width=0.10) == ["single"]
+    assert (
+        runner.undecided(faster, base, 0.95) == runner.undecided(faster, base, 0.95, target_width=1e-9) == []
+    )
+    # too few trials for any interval: more trials, whatever the target
+    assert runner.undecided({"single": _case([100.0, 100.1])}, base, 0.95, target_width=10.0) == ["single"]
+
+
 # -- against the scripted server: its /metrics are computed from its own send times ---------
 
 

@@ -107,3 +107,14 @@ def test_interleaved_honours_each_variants_own_trial_count(tmp_path: Path) -> No
     sessions = [session(v, tmp_path / str(i)) for i, v in enumerate(variants)]
     schedule.interleaved(sessions, lambda _s: None, freeze=False)
     assert [len(s.result.cases["single"].trials) for s in sessions] == [2, 4]
+
+
+def test_interleaved_stops_adding_rounds_once_every_interval_is_as_narrow_as_asked(tmp_path: Path) -> None:
+    # an A/A on the same fake server: with a target any interval meets, the first look ends it
+    adaptive = ["bench.trials=5", "bench.max_trials=15", "bench.target_width=1e9"]
+    variants = plan_sweep(["spec=ngram", *adaptive, "bench.order=interleaved", *SMALL])
+    sessions = [session(v, tmp_path / str(i)) for i, v in enumerate(variants)]
+    schedule.interleaved(sessions, lambda _s: None, freeze=False)
+    assert [len(s.result.cases["single"].trials) for s in sessions] == [5, 5]
+    verdict = sessions[1].result.cases["single"].verdict
+    assert verdict is not None and verdict.ci_low is not None  # an interval to be narrow
