@@ -112,7 +112,7 @@ def test_a_follower_killed_during_a_real_startup(tmp_path: Path) -> None:
         ln = real_launcher(c, tmp_path)
         with pytest.raises(LaunchError) as info, ln:
             wait_until(
-                lambda: "Initializing a V1 LLM engine" in ln.logs()["node1"].read_text(),
+                lambda: "headless multiproc executor" in ln.logs()["node1"].read_text(),
                 600,
                 "node1 to start",
             )
