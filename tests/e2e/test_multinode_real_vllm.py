@@ -6,6 +6,7 @@ even head count; SmolLM2 has 9). Run under the heavy lock (each test < 2 min on 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def test_tp2_across_two_nodes_benchmarks_through_the_head_and_leaves_nothing(wor
 def test_seed_hang_reproduced_doctor_names_it_and_gloo_socket_ifname_fixes_it(tmp_path: Path) -> None:
     require_vllm()
     with cluster(2, loopback_hostname=(1,)) as c:
-        py_spy = f"launcher.py_spy=[{Path(psutil.Process().exe()).with_name('py-spy')}]"
+        py_spy = f"launcher.py_spy=[{Path(sys.executable).with_name('py-spy')}]"
         ln = real_launcher(
             c, tmp_path / "hang", "launcher.stall_s=20", "launcher.doctor_timeout_s=40", py_spy, gloo=False
         )
@@ -94,6 +95,7 @@ def test_seed_hang_reproduced_doctor_names_it_and_gloo_socket_ifname_fixes_it(tm
         assert "node1: Gloo bound to a loopback address" in msg, report
         assert "set GLOO_SOCKET_IFNAME=eth0 on node1" in msg
         assert "listens only on 127.0.0.1" in report
+        assert "py-spy pid" in report and "No such file" not in report  # stacks from node1, over SSH
         assert ln.diagnosis is not None and ln.diagnosis.elapsed_s < 40  # the doctor's own deadline
         assert group_members(c, ln) == []
         nothing_left(c)
