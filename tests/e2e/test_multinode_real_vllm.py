@@ -95,7 +95,7 @@ def test_seed_hang_reproduced_doctor_names_it_and_gloo_socket_ifname_fixes_it(tm
         assert "node1: Gloo bound to a loopback address" in msg, report
         assert "set GLOO_SOCKET_IFNAME=eth0 on node1" in msg
         assert "listens only on 127.0.0.1" in report
-        assert "py-spy pid" in report and "No such file" not in report  # stacks from node1, over SSH
+        assert "stack of pid" in report  # py-spy's stacks from the hung node, over SSH
         assert ln.diagnosis is not None and ln.diagnosis.elapsed_s < 40  # the doctor's own deadline
         assert group_members(c, ln) == []
         nothing_left(c)
