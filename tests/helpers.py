@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,9 @@ def require_vllm() -> None:
 def processes_matching(text: str) -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     return [ln for ln in out.splitlines()[1:] if text in ln and " Z" not in ln and "ps -eo" not in ln]
+
+
+def ctrl_c_works() -> None:
+    """``preexec_fn`` for a child that a test stops with SIGINT: a shell that starts jobs in
+    the background (a CI runner may) hands them SIGINT ignored, and Python keeps it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -26,7 +26,7 @@ from tests.e2e.leftovers import (
     stale_openmp,
     temp_leftovers,
 )
-from tests.helpers import REPO, require_vllm, run_cli
+from tests.helpers import REPO, ctrl_c_works, require_vllm, run_cli
 
 pytestmark = pytest.mark.e2e
 SCREENSHOTS = REPO / "test-output"
@@ -70,6 +70,7 @@ def test_interrupted_sweep_resumes_reusing_what_finished_and_reads_back(workdir:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_works,
     )
     sweep_dir = workdir / "results" / "res"
     try:
@@ -171,6 +172,7 @@ def _ui_shows_the_sweep(workdir: Path, sweep: dict[str, Any], labels: list[str])
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=ctrl_c_works,
     )
     try:
         assert ui.stdout is not None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, processes_matching, require_vllm, run_cli
+from tests.helpers import REPO, ctrl_c_works, processes_matching, require_vllm, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -124,6 +124,7 @@ def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_works,
     )
     try:
         launch = None

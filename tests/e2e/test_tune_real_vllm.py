@@ -32,7 +32,7 @@ from specexp.launch.plan import build_plan, free_port, vllm_python
 from specexp.paths import conf_dir
 from specexp.tune import greedy
 from specexp.tune.replay import NgramIndex, replay
-from tests.helpers import REPO, processes_matching, require_vllm, run_cli
+from tests.helpers import REPO, ctrl_c_works, processes_matching, require_vllm, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +87,13 @@ def test_tune_interrupted_mid_trial_resumes_and_never_reruns_a_finished_trial(wo
     env = {**os.environ, "SPECEXP_WORKDIR": str(workdir), "SPECEXP_CONF": str(conf)}
     storage = f"sqlite:///{workdir / 'optuna.db'}"
     proc = subprocess.Popen(
-        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        args,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ctrl_c_works,
     )
     try:
         # wait until the second trial's server is up and measuring, then Ctrl-C
