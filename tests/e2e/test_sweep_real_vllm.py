@@ -99,8 +99,9 @@ def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
     assert k3_run.data.metrics["regression.regressions"] == sum(1 for c in k3_cases if c["regression"])
     assert 0 <= k3_run.data.metrics["equivalence.rate"] <= 1
     names = {a.path for a in client.list_artifacts(k3_run.info.run_id)}
-    expected = {"config.yaml", "launch.json", "server.log", "result.json", "suite.json", "requests.jsonl"}
+    expected = {"config.yaml", "launch.json", "result.json", "suite.json", "requests.jsonl", "logs"}
     assert expected <= names
+    assert [a.path for a in client.list_artifacts(k3_run.info.run_id, "logs")] == ["logs/server.log"]
 
 
 def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
