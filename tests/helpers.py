@@ -1,16 +1,19 @@
-"""Shared helpers: run the CLI as a user would, and find stray server processes."""
+"""Shared helpers: run the CLI as a user would, find stray server processes, start the
+scripted SSE server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from specexp.launch.plan import vllm_python
+from specexp.launch.plan import free_port, vllm_python
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,3 +49,22 @@ def ctrl_c_works() -> None:
     """``preexec_fn`` for a child that a test stops with SIGINT: a shell that starts jobs in
     the background (a CI runner may) hands them SIGINT ignored, and Python keeps it so."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def scripted_sse(*args: str) -> Iterator[str]:
+    """``tests.fakes.scripted_sse`` on a free port (``args`` after the port: TTFT, gaps,
+    flags), ready when it says so; yields its base URL and stops it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.scripted_sse", str(port), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

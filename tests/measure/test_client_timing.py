@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from specexp.launch.plan import free_port
 from specexp.measure.client import chat_payload, session, stream_chat
 from specexp.record.results import RequestRecord
 from tests.fakes.scripted_sse import parse_stamps
+from tests.helpers import scripted_sse
 
 ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS, GAPS_MS = 30, (20, 40)
@@ -34,26 +32,8 @@ TOKENS = 10
 
 @pytest.fixture(scope="module")
 def scripted_server() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.fakes.scripted_sse",
-            str(port),
-            str(TTFT_MS),
-            ",".join(map(str, GAPS_MS)),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with scripted_sse(str(TTFT_MS), ",".join(map(str, GAPS_MS))) as url:
+        yield url
 
 
 def _stream(base: str, n: int, extra: dict[str, Any]) -> tuple[float, list[RequestRecord]]:

@@ -4,8 +4,6 @@ what a measured window contains, and windows that are not measurements."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +16,12 @@ from specexp.config.compose import plan_sweep
 from specexp.config.schema import BenchConfig, CaseConfig
 from specexp.launch.base import Endpoint
 from specexp.launch.local import LocalLauncher
-from specexp.launch.plan import free_port
 from specexp.measure import runner
 from specexp.measure.runner import VariantBench, _case_result, measure
 from specexp.measure.stats import case_verdict
 from specexp.measure.traffic import plan_cases
 from specexp.record.results import CaseResult, RequestRecord, TrialRecord, VariantResult
+from tests.helpers import scripted_sse
 from tests.launch.test_local import fake_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,19 +142,8 @@ def test_undecided_counts_a_narrow_interval_as_an_answer_only_with_a_target_widt
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[str]:
     """Stops by itself (an EOS step one gap after the last text), like vLLM at natural stops."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.scripted_sse", str(port), "30", "20,40", "--eos-step"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with scripted_sse("30", "20,40", "--eos-step") as url:
+        yield url
 
 
 def _scripted_bench(**bench: Any) -> BenchConfig:
@@ -259,24 +246,11 @@ def test_trust_loops_is_a_bench_key_and_decides_whether_a_looping_case_gets_more
     assert runner.undecided(unclear, base, 0.95, trust_loops=True) == ["c"]
 
 
-def _server(*flags: str) -> tuple[subprocess.Popen[str], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.scripted_sse", str(port), "5", "2", *flags],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
-    return proc, f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.parametrize(("drafts_from", "warm_ups"), [(0, 1), (2, 3), (9, 4)])
 def test_the_warm_up_goes_on_until_the_server_has_drafted(drafts_from: int, warm_ups: int) -> None:
     """The first draft compiles vLLM's ngram proposer: until the counters show one, the
     warm-up sends longer requests (at most EXTRA_WARMUPS more), and then stops."""
-    proc, base_url = _server(f"--drafts-from={drafts_from}")
-    try:
+    with scripted_sse("5", "2", f"--drafts-from={drafts_from}") as base_url:
         bench = _scripted_bench(warmup_requests=1)
         seen: list[str] = []
 
@@ -292,9 +266,6 @@ def test_the_warm_up_goes_on_until_the_server_has_drafted(drafts_from: int, warm
         assert float(served.rsplit(" ", 1)[1]) == warm_ups  # requests 0..drafts_from, capped
         assert ("no draft yet" in " ".join(seen)) == (drafts_from > 0)
         assert ("made no draft" in " ".join(seen)) == (warm_ups == 1 + runner.EXTRA_WARMUPS)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_without_speculation_the_warm_up_is_what_was_asked(scripted: str) -> None:

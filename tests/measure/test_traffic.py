@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,13 +11,13 @@ from specexp.config.compose import plan_sweep
 from specexp.config.schema import BenchConfig, CaseConfig, SloConfig
 from specexp.errors import ConfigError
 from specexp.launch.base import Endpoint
-from specexp.launch.plan import free_port
 from specexp.measure.goodput import Slo
 from specexp.measure.runner import measure
 from specexp.measure.stats import primary_metric
 from specexp.measure.traffic import check_bench, plan_cases, traffic_metrics, window
 from specexp.record import vllm_bench
 from specexp.record.results import RequestRecord
+from tests.helpers import scripted_sse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,19 +116,8 @@ def test_open_loop_settings_are_checked_by_the_schema() -> None:
 
 @pytest.fixture(scope="module")
 def scripted_server() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.scripted_sse", str(port), "10", "5"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("READY")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with scripted_sse("10", "5") as url:
+        yield url
 
 
 def test_a_sweep_measures_open_loop_slices_with_goodput(scripted_server: str, tmp_path: Path) -> None:
