@@ -4,19 +4,30 @@ A wrong flag found after a 13-minute restart costs 13 minutes; found here it
 costs seconds. vLLM lives in its own virtualenv, so the checks run there
 (``vllm_validate.py``), all variants in one process. For plans that run on
 other machines, whose vLLM may differ, failures are warnings.
+
+Importing vLLM is most of that cost (about 30 s on a small CPU machine), so answers
+are kept under ``$SPECEXP_HOME/validated``, keyed by everything they depend on: the
+checker, the vLLM installation (its interpreter and dist-info), the argv without the
+port this run picked, and the model folder's files (name, size, mtime). A dry run and
+the sweep after it, or a sweep started again, import vLLM once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from checkpoints_tools.files import atomic_write
 from specexp.launch.plan import LaunchPlan, vllm_python
+from specexp.paths import home
 
 CHECKER = Path(__file__).with_name("vllm_validate.py")
 
@@ -29,6 +40,7 @@ class ValidationResult:
     checked: tuple[str, ...] = field(default=())
     remote: bool = False  # checked against this machine's vLLM, not the target's
     skipped: str | None = None  # why nothing was checked
+    cached: bool = False  # the same check's answer from an earlier run
 
 
 def _python_with_vllm() -> Path | None:
@@ -46,12 +58,67 @@ def _python_with_vllm() -> Path | None:
     return None
 
 
+_PORT = re.compile(r"--port=\d+")
+
+
+def cache_dir() -> Path:
+    return home() / "validated"
+
+
+def _stat_line(path: Path) -> str:
+    st = path.stat()
+    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _installation(py: Path) -> list[str]:
+    """What identifies the vLLM an interpreter imports: the interpreter and vLLM's dist-info."""
+    root = py.parent.parent
+    found = sorted(root.glob("lib/python*/site-packages/vllm-*.dist-info"))
+    return [str(py.resolve()), *(f"{d}:{d.stat().st_mtime_ns}" for d in found)]
+
+
+def _model_files(model_path: str) -> list[str]:
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return [model_path]  # a hub id or a path on another machine: the name is all there is
+    return sorted(_stat_line(f) for f in folder.iterdir() if f.is_file())
+
+
+def _cache_key(installation: list[str], request: dict[str, Any], model_path: str) -> str:
+    argv = [_PORT.sub("--port=<port>", a) for a in request["argv"]]
+    material = {
+        "checker": hashlib.sha256(CHECKER.read_bytes()).hexdigest(),
+        "vllm": installation,
+        "argv": argv,
+        "engine": request["engine"],
+        "model": _model_files(model_path) if request["engine"] else [],
+        "env": sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("VLLM_")),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cached(key: str) -> dict[str, object] | None:
+    try:
+        answer = json.loads((cache_dir() / f"{key}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return answer if isinstance(answer, dict) and "ok" in answer else None
+
+
+def _remember(key: str, answer: dict[str, object]) -> None:
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        atomic_write(cache_dir() / f"{key}.json", json.dumps(answer) + "\n")
+    except OSError:
+        pass  # a cache that cannot be written costs the next run the import, nothing else
+
+
 def validate_plans(plans: list[LaunchPlan], timeout_s: float = 180.0) -> list[ValidationResult]:
     py = _python_with_vllm()
     if py is None:
         reason = "no vLLM installed on this machine: validation skipped"
         return [ValidationResult(p.label, True, skipped=reason, remote=p.kind != "local") for p in plans]
-    requests = [
+    requests: list[dict[str, Any]] = [
         {
             "id": str(i),
             "argv": list(p.serve_args),
@@ -59,6 +126,43 @@ def validate_plans(plans: list[LaunchPlan], timeout_s: float = 180.0) -> list[Va
         }
         for i, p in enumerate(plans)
     ]
+    installation = _installation(py)
+    keys = {
+        str(r["id"]): _cache_key(installation, r, p.model_path) for r, p in zip(requests, plans, strict=True)
+    }
+    known = {i: a for i, k in keys.items() if (a := _cached(k)) is not None}
+    todo = [r for r in requests if r["id"] not in known]
+    answers: dict[str, dict[str, object]] = {}
+    if todo:
+        fresh = _run_checker(py, todo, timeout_s)
+        if isinstance(fresh, str):
+            return [ValidationResult(p.label, True, skipped=fresh, remote=p.kind != "local") for p in plans]
+        for rid, a in fresh.items():
+            if "ok" in a:
+                _remember(keys[rid], a)
+        answers.update(fresh)
+    results = []
+    for i, p in enumerate(plans):
+        a = known.get(str(i)) or answers.get(str(i), {"ok": False, "error": "no answer", "checked": []})
+        checked = a.get("checked", ())
+        error = a.get("error")
+        results.append(
+            ValidationResult(
+                label=p.label,
+                ok=bool(a["ok"]),
+                error=str(error) if error is not None else None,
+                checked=tuple(str(c) for c in checked) if isinstance(checked, list | tuple) else (),
+                remote=p.kind != "local",
+                cached=str(i) in known,
+            )
+        )
+    return results
+
+
+def _run_checker(
+    py: Path, requests: list[dict[str, Any]], timeout_s: float
+) -> dict[str, dict[str, object]] | str:
+    """The checker's answers by request id, or why it gave none."""
     try:
         # vLLM's imports leave caches in the temp folder (torchinductor_<user>): give them
         # one of their own and remove it, so validating leaves nothing behind
@@ -71,20 +175,6 @@ def validate_plans(plans: list[LaunchPlan], timeout_s: float = 180.0) -> list[Va
                 timeout=timeout_s,
                 env={**os.environ, "TMPDIR": tmp},
             )
-        answers = {a["id"]: a for a in json.loads(proc.stdout)}
+        return {str(a["id"]): a for a in json.loads(proc.stdout)}
     except (subprocess.SubprocessError, json.JSONDecodeError, OSError) as exc:
-        reason = f"vLLM validator did not answer ({type(exc).__name__}): validation skipped"
-        return [ValidationResult(p.label, True, skipped=reason, remote=p.kind != "local") for p in plans]
-    results = []
-    for i, p in enumerate(plans):
-        a = answers.get(str(i), {"ok": False, "error": "no answer", "checked": []})
-        results.append(
-            ValidationResult(
-                label=p.label,
-                ok=bool(a["ok"]),
-                error=a.get("error"),
-                checked=tuple(a.get("checked", ())),
-                remote=p.kind != "local",
-            )
-        )
-    return results
+        return f"vLLM validator did not answer ({type(exc).__name__}): validation skipped"

@@ -59,6 +59,8 @@ def describe_check(check: ValidationResult) -> str:
     if check.skipped:
         return f"validation: {check.skipped}"
     levels = ", ".join(check.checked) or "none"
+    if check.cached:
+        levels += "; remembered from an earlier check of the same flags, vLLM and model files"
     if check.ok:
         return f"validation: ok ({levels}){' against this machine’s vLLM' if check.remote else ''}"
     kind = "warning (target vLLM may differ)" if check.remote else "error"
