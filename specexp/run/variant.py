@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from specexp.config.variant import Variant
@@ -44,6 +45,9 @@ Say = Callable[[str], None]
 
 class ServerGone(LaunchError):
     """The server died or stopped answering while it was being measured."""
+
+
+DEATH_GRACE_S = 5.0
 
 
 class VariantSession:
@@ -231,7 +235,7 @@ class VariantSession:
             self.result.status, self.result.error = "interrupted", "interrupted by the user"
             return
         self.result.status = "failed"
-        reason = self.launcher.failure() if self.launcher is not None else None
+        reason = self._server_reason(exc)
         guard = self.launcher.tripped() if isinstance(self.launcher, Guarded) else None
         if guard is None and isinstance(exc, HostMemoryLow):
             guard = exc
@@ -251,6 +255,20 @@ class VariantSession:
             self.result.error = f"{type(exc).__name__}: {exc}"
         else:  # SystemExit and the like: never leave the run looking good
             self.result.error = "aborted"
+
+    def _server_reason(self, exc: BaseException) -> str | None:
+        """The launcher's reason, if the server is gone. A dead server's sockets close before
+        its exit can be collected, so a connection error can reach the client first: after
+        one, the launcher gets up to DEATH_GRACE_S to see the exit."""
+        if self.launcher is None:
+            return None
+        connection = isinstance(exc, httpx.TransportError | aiohttp.ClientError | ConnectionError)
+        deadline = time.monotonic() + (DEATH_GRACE_S if connection else 0.0)
+        while True:
+            reason = self.launcher.failure()
+            if reason is not None or time.monotonic() >= deadline:
+                return reason
+            time.sleep(0.05)
 
     def finish(self) -> None:
         if self._finished:

@@ -2,8 +2,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
+
+import httpx
 
 from specexp.config.compose import plan_sweep
+from specexp.launch.base import Launcher
 from specexp.run.variant import run_variant
 from tests.launch.test_local import alive, worker_pid
 from tests.run.helpers import SMALL, session
@@ -65,3 +69,31 @@ def test_fail_fast_stops_a_regressing_variant_before_its_benchmarks(tmp_path: Pa
     saved = json.loads((tmp_path / "1" / "suite.json").read_text())
     assert saved["cases"][0]["regression"] is True and saved["cases"][0]["output"] == "Lyon"
     assert saved["cases"][0]["first_divergence"] == 0
+
+
+class _DyingLauncher:
+    """A server whose exit the launcher sees only after ``polls_before_exit`` looks, as when
+    its sockets closed (the client's connection error) before the process could be collected."""
+
+    def __init__(self, polls_before_exit: int) -> None:
+        self.polls = 0
+        self.polls_before_exit = polls_before_exit
+
+    def failure(self) -> str | None:
+        self.polls += 1
+        return "vllm serve killed by SIGKILL: no output" if self.polls > self.polls_before_exit else None
+
+
+def test_a_connection_error_waits_for_the_servers_own_reason(tmp_path: Path) -> None:
+    (variant,) = plan_sweep(["spec=none", *SMALL], with_baseline=False)
+    s = session(variant, tmp_path / "v")
+    dying = _DyingLauncher(polls_before_exit=3)
+    s.launcher = cast(Launcher, dying)
+    s.fail(httpx.ReadError(""))
+    assert s.result.status == "failed" and s.result.error == "vllm serve killed by SIGKILL: no output"
+    # an error that is not about the connection does not wait for a server that is alive
+    s2 = session(variant, tmp_path / "w")
+    alive_server = _DyingLauncher(polls_before_exit=10**9)
+    s2.launcher = cast(Launcher, alive_server)
+    s2.fail(ValueError("bad value"))
+    assert s2.result.error == "ValueError: bad value" and alive_server.polls == 1
