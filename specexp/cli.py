@@ -361,7 +361,9 @@ def _compare(args: argparse.Namespace, console: Console) -> int:
     if args.plots or (folder is not None and len(names) == 1):
         target = Path(args.plots) if args.plots else (folder or Path()) / "plots"
         made = plots.write_all([s.result for s in stored], target)
-        Console(stderr=True).print(f"plots: {', '.join(str(p) for p in made) or 'none'}", highlight=False)
+        Console(stderr=True).print(
+            f"plots: {', '.join(str(p) for p in made) or 'none'}", highlight=False, soft_wrap=True
+        )
     return 0
 
 
