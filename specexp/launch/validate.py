@@ -7,8 +7,9 @@ other machines, whose vLLM may differ, failures are warnings.
 
 Importing vLLM is most of that cost (about 30 s on a small CPU machine), so answers
 are kept under ``$SPECEXP_HOME/validated``, keyed by everything they depend on: the
-checker, the vLLM installation (its interpreter and dist-info), the argv without the
-port this run picked, and the model folder's files (name, size, mtime). A dry run and
+checker, the vLLM installation (its interpreter and dist-info), ``VLLM_*`` variables,
+the argv without the port this run picked, and the model folder's files (name, size,
+mtime). A dry run and
 the sweep after it, or a sweep started again, import vLLM once.
 """
 
@@ -70,11 +71,15 @@ def _stat_line(path: Path) -> str:
     return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def _installation(py: Path) -> list[str]:
-    """What identifies the vLLM an interpreter imports: the interpreter and vLLM's dist-info."""
-    root = py.parent.parent
-    found = sorted(root.glob("lib/python*/site-packages/vllm-*.dist-info"))
-    return [str(py.resolve()), *(f"{d}:{d.stat().st_mtime_ns}" for d in found)]
+def _context(py: Path) -> dict[str, Any]:
+    """What every answer of one checker run depends on: the checker, the vLLM the interpreter
+    imports (the interpreter and vLLM's dist-info) and the ``VLLM_*`` variables."""
+    found = sorted(py.parent.parent.glob("lib/python*/site-packages/vllm-*.dist-info"))
+    return {
+        "checker": hashlib.sha256(CHECKER.read_bytes()).hexdigest(),
+        "vllm": [str(py.resolve()), *(f"{d}:{d.stat().st_mtime_ns}" for d in found)],
+        "env": sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("VLLM_")),
+    }
 
 
 def _model_files(model_path: str) -> list[str]:
@@ -84,15 +89,12 @@ def _model_files(model_path: str) -> list[str]:
     return sorted(_stat_line(f) for f in folder.iterdir() if f.is_file())
 
 
-def _cache_key(installation: list[str], request: dict[str, Any], model_path: str) -> str:
-    argv = [_PORT.sub("--port=<port>", a) for a in request["argv"]]
+def _cache_key(context: dict[str, Any], request: dict[str, Any], model_path: str) -> str:
     material = {
-        "checker": hashlib.sha256(CHECKER.read_bytes()).hexdigest(),
-        "vllm": installation,
-        "argv": argv,
+        **context,
+        "argv": [_PORT.sub("--port=<port>", a) for a in request["argv"]],
         "engine": request["engine"],
         "model": _model_files(model_path) if request["engine"] else [],
-        "env": sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("VLLM_")),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -126,10 +128,8 @@ def validate_plans(plans: list[LaunchPlan], timeout_s: float = 180.0) -> list[Va
         }
         for i, p in enumerate(plans)
     ]
-    installation = _installation(py)
-    keys = {
-        str(r["id"]): _cache_key(installation, r, p.model_path) for r, p in zip(requests, plans, strict=True)
-    }
+    context = _context(py)
+    keys = {str(r["id"]): _cache_key(context, r, p.model_path) for r, p in zip(requests, plans, strict=True)}
     known = {i: a for i, k in keys.items() if (a := _cached(k)) is not None}
     todo = [r for r in requests if r["id"] not in known]
     answers: dict[str, dict[str, object]] = {}
