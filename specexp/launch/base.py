@@ -79,11 +79,22 @@ def api_key_from_env(var: str | None) -> str | None:
 @dataclass
 class StartupTiming:
     """Seconds from process start to each startup phase seen in the server log, and to ready.
-    ``nodes`` holds the same per node for launchers that run several."""
+    ``nodes`` holds the same per node for launchers that run several. ``prepare_s`` is the
+    launcher's own time before the server process started (ports, SSH connections, the memory
+    gate): with the health poll after vLLM's "startup complete" it is what the launcher adds
+    to vLLM's own start."""
 
     ready_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     nodes: dict[str, dict[str, float]] = field(default_factory=dict)
+    prepare_s: float | None = None
+
+    @property
+    def overhead_s(self) -> float | None:
+        """The launcher's time on top of vLLM's own start: preparing, then noticing readiness."""
+        if self.prepare_s is None:
+            return None
+        return round(self.prepare_s + self.phases.get("health_s", 0.0), 3)
 
 
 @dataclass(frozen=True)

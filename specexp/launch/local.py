@@ -157,6 +157,7 @@ class LocalLauncher(StartStopContext):
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._t0 = 0.0
+        self._prepare_s: float | None = None
         self._marks: dict[str, float] = {}
         self._tail: collections.deque[str] = collections.deque(maxlen=60)
         self._reader: threading.Thread | None = None
@@ -183,6 +184,7 @@ class LocalLauncher(StartStopContext):
     def start(self) -> None:
         if self._proc is not None:  # a second server would orphan the first one's handle
             raise LaunchError(f"{self.plan.label}: this launcher has already started its server")
+        called = time.perf_counter()
         if self.plan.api_port == 0:  # this machine is the node that serves
             self.plan = self.plan.with_port(free_port(self.plan.api_host))
         else:
@@ -201,6 +203,7 @@ class LocalLauncher(StartStopContext):
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key
         self._t0 = time.perf_counter()
+        self._prepare_s = round(self._t0 - called, 3)
         try:
             self._proc = subprocess.Popen(
                 list(node.argv),
@@ -289,7 +292,9 @@ class LocalLauncher(StartStopContext):
                 time.sleep(self.poll_interval_s)
         self._note_pids()
         ready = round(time.perf_counter() - self._t0, 3)
-        self.startup = StartupTiming(ready_s=ready, phases=startup_phases(self._marks, ready))
+        self.startup = StartupTiming(
+            ready_s=ready, phases=startup_phases(self._marks, ready), prepare_s=self._prepare_s
+        )
         tokenizer = self.plan.model_path if Path(self.plan.model_path).is_dir() else None
         return Endpoint(
             base_url=self.plan.base_url,

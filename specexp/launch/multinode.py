@@ -152,6 +152,7 @@ class MultinodeLauncher(StartStopContext):
         self._loop: LoopThread | None = None
         self._log_lock = threading.Lock()
         self._t0 = 0.0
+        self._called = 0.0
         self._tripped: HostMemoryLow | None = None
         self._stop_sent = False
         self._stopped = False
@@ -207,6 +208,7 @@ class MultinodeLauncher(StartStopContext):
     def start(self) -> None:
         if self._loop is not None:  # a second launch would orphan the first one's processes
             raise LaunchError(f"{self.plan.label}: this launcher has already started its nodes")
+        self._called = time.perf_counter()
         self._loop = LoopThread()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for run in self._runs:
@@ -378,6 +380,7 @@ class MultinodeLauncher(StartStopContext):
             ready_s=ready,
             phases=startup_phases(head.marks, ready),
             nodes={r.name: startup_phases(r.marks, ready if r.rank == 0 else None) for r in self._runs},
+            prepare_s=round(self._t0 - self._called, 3),
         )
         self._show_phases(force=True)
         return Endpoint(

@@ -34,6 +34,8 @@ class Restart:
     ready_s: float | None = None
     wall_s: float = 0.0  # the whole launch as this machine saw it, connecting and stopping included
     phases: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> phase -> seconds
+    prepare_s: float | None = None  # the launcher's time before the server process started
+    overhead_s: float | None = None  # prepare_s + the health poll after vLLM said it was up
     error: str | None = None
 
 
@@ -48,18 +50,27 @@ class RestartsResult:
         ready = [r.ready_s for r in self.restarts if r.ok and r.ready_s is not None]
         if not ready:
             return {"ok": 0.0}
-        return {
+        out = {
             "ok": float(len(ready)),
             "ready_s.median": statistics.median(ready),
             "ready_s.min": min(ready),
             "ready_s.max": max(ready),
         }
+        overhead = [r.overhead_s for r in self.restarts if r.ok and r.overhead_s is not None]
+        if overhead:
+            out["overhead_s.median"] = statistics.median(overhead)
+            out["overhead_s.max"] = max(overhead)
+        return out
 
 
 def _metrics(r: Restart) -> dict[str, float]:
     out = {"ok": 1.0 if r.ok else 0.0, "wall_s": r.wall_s}
     if r.ready_s is not None:
         out["ready_s"] = r.ready_s
+    if r.prepare_s is not None:
+        out["prepare_s"] = r.prepare_s
+    if r.overhead_s is not None:
+        out["overhead_s"] = r.overhead_s
     for node, phases in r.phases.items():
         out.update({f"{node}.{k}": v for k, v in phases.items()})
     return out
@@ -116,6 +127,7 @@ def run_restarts(n: int, variant: Variant, plan: LaunchPlan, console: Console) -
                 timing = launcher.startup
                 restart.ok, restart.ready_s = True, timing.ready_s
                 restart.phases = dict(timing.nodes) or {"server": dict(timing.phases)}
+                restart.prepare_s, restart.overhead_s = timing.prepare_s, timing.overhead_s
         except Exception as exc:
             restart.error = str(exc)
         restart.wall_s = round(time.perf_counter() - t0, 3)
@@ -126,6 +138,8 @@ def run_restarts(n: int, variant: Variant, plan: LaunchPlan, console: Console) -
             detail = ", ".join(
                 f"{node} longest {k.removesuffix('_s')} {v:.1f}s" for node, (k, v) in slowest.items()
             )
+            if restart.overhead_s is not None:
+                detail += f"; launcher overhead {restart.overhead_s:.2f}s"
             console.print(f"[green]✓[/green] launch {i + 1}/{n}: ready in {restart.ready_s:.1f}s ({detail})")
         else:
             console.print(f"[red]✗ launch {i + 1}/{n}: {restart.error}[/red]", highlight=False)
@@ -133,9 +147,12 @@ def run_restarts(n: int, variant: Variant, plan: LaunchPlan, console: Console) -
         _log_mlflow(variant, result, console)
     s = result.summary()
     if s.get("ok"):
+        overhead = ""
+        if "overhead_s.median" in s:
+            overhead = f"; launcher overhead median {s['overhead_s.median']:.2f}s"
         console.print(
             f"{int(s['ok'])}/{n} launches ready; time to ready median {s['ready_s.median']:.1f}s "
-            f"[{s['ready_s.min']:.1f}–{s['ready_s.max']:.1f}] · {folder}",
+            f"[{s['ready_s.min']:.1f}–{s['ready_s.max']:.1f}]{overhead} · {folder}",
             highlight=False,
         )
     return result

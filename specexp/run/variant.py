@@ -141,6 +141,8 @@ class VariantSession:
             if len(timing.nodes) > 1:  # every node's phases too, as <node>.<phase>
                 for node, phases in timing.nodes.items():
                     self.result.startup_phases.update({f"{node}.{k}": v for k, v in phases.items()})
+            if timing.prepare_s is not None:  # before the process started: not in ready_s
+                self.result.startup_phases["launcher_prepare_s"] = timing.prepare_s
             self._read_back(endpoint)
         self.endpoint = endpoint
         return endpoint

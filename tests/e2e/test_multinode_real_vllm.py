@@ -71,6 +71,7 @@ def test_tp2_across_two_nodes_benchmarks_through_the_head_and_leaves_nothing(wor
         # every node's phases from its own log; the headless follower has no API server
         assert phases["node0.weight_load_s"] > 0 and phases["node1.weight_load_s"] > 0
         assert "node0.api_import_config_s" in phases and "node1.api_import_config_s" not in phases
+        assert phases["launcher_prepare_s"] > 0  # SSH connections and the memory gate, before any process
         folder = next((workdir / "results" / "mn").glob("*/node1.log"))
         assert "Loading weights took" in folder.read_text()  # the follower loaded its shard
         assert v["launch"]["nodes"][1]["argv"][-1] == "--headless"

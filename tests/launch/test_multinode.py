@@ -106,6 +106,9 @@ def test_starts_every_node_over_ssh_logs_each_and_stops_all(two: Cluster, tmp_pa
         assert "Application startup complete" not in follower
         assert set(ln.startup.nodes) == {"node0", "node1"} and ln.startup.ready_s is not None
         assert "weight_load_s" in ln.startup.nodes["node0"]
+        # connecting over SSH comes before any process starts: the launcher's own share
+        assert ln.startup.prepare_s is not None and ln.startup.prepare_s > 0
+        assert ln.startup.overhead_s == round(ln.startup.prepare_s + ln.startup.phases["health_s"], 3)
         assert any("node0" in s and "node1" in s for s in seen)  # the progress line names each node
         assert len(group_members(two, ln)) >= 4  # both nodes: server + forked worker
         # the follower got its rank and --headless, its env came through SSH

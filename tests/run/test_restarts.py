@@ -39,11 +39,18 @@ def test_every_launch_is_timed_and_recorded() -> None:
     assert [r.ok for r in result.restarts] == [True, True]
     assert all(r.ready_s is not None and r.ready_s > 0 for r in result.restarts)
     assert all(r.phases for r in result.restarts)
+    for r in result.restarts:  # the launcher's share: before the process, and the health poll after it
+        assert r.prepare_s is not None and r.overhead_s is not None
+        assert r.overhead_s == round(r.prepare_s + r.phases["server"]["health_s"], 3)
     doc = json.loads((Path(result.folder) / "restarts.json").read_text())
     assert [r["ready_s"] for r in doc["restarts"]] == [r.ready_s for r in result.restarts]
     assert doc["summary"]["ok"] == 2.0
     assert sorted(p.name for p in Path(result.folder).iterdir()) == ["launch-0", "launch-1", "restarts.json"]
-    assert "2/2 launches ready" in out.export_text()
+    said = out.export_text()
+    assert "2/2 launches ready" in said
+    overheads = [r.overhead_s for r in result.restarts if r.overhead_s is not None]
+    assert doc["summary"]["overhead_s.max"] == max(overheads)
+    assert f"launcher overhead median {sum(overheads) / 2:.2f}s" in said
     assert _children() <= before  # every server stopped
 
 
