@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,3 +11,24 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Results, mlflow.db and mlruns/ go to a temporary folder instead of the repository."""
     monkeypatch.setenv("SPECEXP_WORKDIR", str(tmp_path))
     return tmp_path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's ``loadscope`` (a test module stays on one worker, so module fixtures such as
+    a network-namespace cluster are made once), with every test under ``tests/e2e`` in one
+    scope: those start real vLLM and GPUStack servers and run one after another on one
+    worker, since two real servers starting at once on a 2-core machine starve each other.
+    The other worker takes the unit tests meanwhile (``-n 2`` in pyproject's addopts)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealServersInTurn(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "e2e" if nodeid.startswith("tests/e2e/") else super()._split_scope(nodeid)
+
+    return RealServersInTurn(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The e2e tests first: they are the longest path, so the worker that runs them starts
+    on them while the other takes the unit tests (every worker collects the same order)."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/e2e/"))

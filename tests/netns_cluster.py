@@ -15,6 +15,7 @@ own. ``close()`` kills every process left in the namespaces and deletes them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import shutil
@@ -127,7 +128,7 @@ class Cluster:
     ) -> None:
         self.id = secrets.token_hex(3)
         self.n = n
-        self.subnet = _free_subnet()
+        self.subnet = 0  # picked in _create, under a lock shared by every test process
         self.dir = Path(tmp or "/tmp") / f"cluster-{self.id}"
         self.switch = f"sx{self.id}sw"
         self.root_if = f"sxr{self.id}"
@@ -167,7 +168,12 @@ class Cluster:
         _ip("link", "add", self.root_if, "type", "veth", "peer", "name", peer)
         _ip("link", "set", peer, "netns", self.switch)
         _ip("link", "set", peer, "master", "br0", "up", ns=self.switch)
-        _ip("addr", "add", f"{self.orchestrator_address}/24", "dev", self.root_if)
+        # Picking a free subnet and taking its address is one step for every process at once
+        # (pytest-xdist workers make clusters side by side): they lock this module's own file.
+        with open(__file__, "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = _free_subnet()
+            _ip("addr", "add", f"{self.orchestrator_address}/24", "dev", self.root_if)
         _ip("link", "set", self.root_if, "up")
         known = []
         for i in range(self.n):

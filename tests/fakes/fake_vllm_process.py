@@ -55,6 +55,9 @@ def log(msg: str) -> None:
 
 
 API_KEY = os.environ.get("VLLM_API_KEY")
+# seconds between streamed chunks: wider where many processes share the cores, so a loaded
+# client still reads the tokens apart and a decode window is measurable
+TOKEN_GAP_S = float(os.environ.get("FAKE_VLLM_TOKEN_GAP_S") or 0.005)
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -138,7 +141,7 @@ class Health(http.server.BaseHTTPRequestHandler):
         for chunk in chunks:  # an event per write, apart: a loaded client still sees separate tokens
             self.wfile.write(chunk)
             self.wfile.flush()
-            time.sleep(0.005)
+            time.sleep(TOKEN_GAP_S)
 
     def log_message(self, *args: object) -> None:
         pass

@@ -302,7 +302,14 @@ def test_two_processes_share_one_study_without_measuring_a_variant_twice(workdir
         "6",
     ]
     # no vLLM validation (a fake server runs); the storage is shared through the workdir
-    env = {**os.environ, "SPECEXP_WORKDIR": str(workdir), "SPECEXP_VLLM_VENV": str(workdir / "no-vllm")}
+    # two tunes and their servers share the cores: chunks 5 ms apart can reach a client together
+    # (no decode window, no figure), so the fake streams them 30 ms apart
+    env = {
+        **os.environ,
+        "SPECEXP_WORKDIR": str(workdir),
+        "SPECEXP_VLLM_VENV": str(workdir / "no-vllm"),
+        "FAKE_VLLM_TOKEN_GAP_S": "0.03",
+    }
     # each process with its own launcher settings (as one per node group would be)
     procs = [
         subprocess.Popen(
