@@ -16,6 +16,8 @@ changed later can be scored again on the same measurements (``--score-only``).
     python benchmarks/aa_false_winners.py --launches 2 --runs 3 --keep ~/aa   # 3 more, kept
     python benchmarks/aa_false_winners.py --keep ~/aa --score-only           # score what is there
     python benchmarks/aa_false_winners.py --quick                  # one short run at launches=1
+    python benchmarks/aa_false_winners.py --short --keep ~/aa-short  # bench=aa's single case only,
+                                                                     # 32-token answers (~2 min a run)
 
 ``--quick`` still starts two real servers: about a minute of measuring, plus the servers' start.
 
@@ -39,7 +41,7 @@ from specexp.record.results import SweepResult
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_sweep(workdir: Path, name: str, launches: int, quick: bool) -> bool:
+def run_sweep(workdir: Path, name: str, launches: int, quick: bool, short: bool = False) -> bool:
     args = [
         "sweep",
         "spec=none",
@@ -58,6 +60,8 @@ def run_sweep(workdir: Path, name: str, launches: int, quick: bool) -> bool:
             "bench.cases.single.num_prompts=1",
             "bench.cases.concurrent4.num_prompts=4",
         ]
+    if short:  # one stream only, short answers: a run in about two minutes plus the starts
+        args += ["~bench.cases.concurrent4", "bench.cases.single.max_tokens=32"]
     env = {**os.environ, "SPECEXP_WORKDIR": str(workdir)}
     proc = subprocess.run(
         [sys.executable, "-m", "specexp", *args], cwd=REPO, env=env, capture_output=True, text=True
@@ -109,6 +113,9 @@ def main() -> None:
     ap.add_argument("--launches", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--keep", type=Path, help="work folder to keep (and add to) the sweeps in")
     ap.add_argument("--score-only", action="store_true", help="score the kept sweeps, run none")
+    ap.add_argument(
+        "--short", action="store_true", help="the single-stream case only, 32-token answers (keep apart)"
+    )
     args = ap.parse_args()
     settings = [1] if args.quick else args.launches
     runs = 0 if args.score_only else 1 if args.quick else args.runs
@@ -121,7 +128,7 @@ def main() -> None:
             for _ in range(runs):
                 i = len(list(results.glob(f"aa-l{launches}-*"))) if results.exists() else 0
                 name = f"aa-l{launches}-{i}"
-                if not run_sweep(workdir, name, launches, args.quick):
+                if not run_sweep(workdir, name, launches, args.quick, args.short):
                     continue
                 got = score(results / name / "sweep.json") or []
                 print(

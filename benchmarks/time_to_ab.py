@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specexp.config.compose import plan_sweep  # noqa: E402
-from specexp.launch.plan import LaunchPlan, build_plan, launch_env  # noqa: E402
+from specexp.launch.plan import LaunchPlan, build_plan, free_port, launch_env  # noqa: E402
 from specexp.measure.long_prompt import exact_prompt  # noqa: E402
 from specexp.measure.stats import compare  # noqa: E402
 from specexp.measure.workload_files import Turn, write_vllm_custom  # noqa: E402
@@ -95,8 +95,10 @@ Series = dict[str, dict[str, list[tuple[float, float]]]]  # variant -> case -> [
 
 
 def baseline_plan() -> LaunchPlan:
+    """The no-speculation server on a port fixed now: the peer is told it on its command line
+    (a plan's port 0 is decided by specexp's launcher, which the peer does not use)."""
     (variant,) = plan_sweep(["spec=none", "bench=ab_grid"], with_baseline=False)
-    return build_plan(variant, resolve_model=True)
+    return build_plan(variant, port=free_port(), resolve_model=True)
 
 
 def write_workload(path: Path, tokenizer: str, prompts: int, out_len: int) -> Path:
@@ -593,6 +595,7 @@ def main() -> None:
     ap.add_argument("--design", action="store_true", help="per-trial noise against trial length, one server")
     ap.add_argument("--rounds", type=int, default=8, help="--design: rounds of every candidate design")
     ap.add_argument("--design-from", type=Path, help="full run: ab_grid's cases as a --design folder picks")
+    ap.add_argument("--trials", type=int, help="full run: specexp's rounds (default: ab_grid's)")
     ap.add_argument("--out", type=Path, help="folder for the results (default: a new one in /tmp)")
     ap.add_argument("--analyze", type=Path, help="print the comparison from an earlier run's folder")
     args = ap.parse_args()
@@ -609,6 +612,8 @@ def main() -> None:
         full(args.analyze, analyze_only=True)
     else:
         extra = design_overrides(args.design_from) if args.design_from else []
+        if args.trials:
+            extra.append(f"bench.trials={args.trials}")
         full(
             args.out or Path(tempfile.gettempdir()) / f"specexp-time-to-ab-{stamp}",
             analyze_only=False,
