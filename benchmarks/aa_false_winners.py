@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 from specexp.measure.stats import case_verdict, primary_metric
 from specexp.record.results import SweepResult
@@ -71,24 +72,58 @@ def run_sweep(workdir: Path, name: str, launches: int, quick: bool, short: bool 
     return proc.returncode == 0
 
 
-def score(sweep_json: Path) -> list[tuple[str, str, str]] | None:
-    """(case, specexp verdict, one-trial verdict) for the A/A copy of one kept sweep; None
-    (said) when a variant of it did not finish."""
+Scored = tuple[str, str, str, float | None]
+
+
+def score(sweep_json: Path) -> list[Scored] | None:
+    """(case, specexp verdict, one-trial verdict, standardized log ratio) for the A/A copy
+    of one kept sweep; None (said) when a variant of it did not finish. The standardized
+    ratio is log(ratio) over the half-width its own interval implies (``standardized``)."""
     sweep = SweepResult.model_validate_json(sweep_json.read_text())
     original, copy = sweep.variants
     if original.status != "ok" or copy.status != "ok":
         why = original.error or copy.error
         print(f"{sweep_json.parent.name}: not counted, a variant did not finish ({why})")
         return None
-    out: list[tuple[str, str, str]] = []
+    out: list[Scored] = []
     for case, cr in copy.cases.items():
         base = original.cases[case]
         verdict = case_verdict(cr, base)
         metric = primary_metric(cr)
         first = (base.trials[0].metrics.get(metric, 0.0), cr.trials[0].metrics.get(metric, 0.0))
         naive = "better" if first[1] > first[0] else "worse"
-        out.append((case, verdict.verdict if verdict is not None else "none", naive))
+        z = (
+            standardized(verdict.ratio, verdict.ci_low, verdict.ci_high, verdict.confidence)
+            if verdict
+            else None
+        )
+        out.append((case, verdict.verdict if verdict is not None else "none", naive, z))
     return out
+
+
+def standardized(ratio: float, low: float | None, high: float | None, confidence: float) -> float | None:
+    """log(ratio) in units of the standard error its interval implies (half its log width
+    over the normal quantile of the confidence). Over many A/A comparisons these have a
+    spread of about 1 when the intervals are honest; launch-to-launch noise that the
+    intervals do not cover shows as a spread above 1."""
+    if low is None or high is None or not (0 < low < high):
+        return None
+    q = NormalDist().inv_cdf(0.5 + confidence / 2)
+    return math.log(ratio) / ((math.log(high) - math.log(low)) / (2 * q))
+
+
+def calibration(zs: list[float]) -> str:
+    """The spread (root mean square) of the standardized A/A ratios and the false-winner rate
+    it implies at 95 %: a finer reading of the same runs than counting winners, which at ten
+    runs cannot tell 5 % from 20 % apart."""
+    if len(zs) < 3:
+        return "too few intervals for a calibration"
+    sd = math.sqrt(sum(z * z for z in zs) / len(zs))
+    implied = 2 * (1 - NormalDist().cdf(NormalDist().inv_cdf(0.975) / sd))
+    return (
+        f"A/A ratios spread {sd:.2f}x what their intervals allow (1 = honest), "
+        f"implying {implied:.1%} false winners"
+    )
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -132,10 +167,11 @@ def main() -> None:
                     continue
                 got = score(results / name / "sweep.json") or []
                 print(
-                    f"{name} ({time.perf_counter() - t0:.0f} s): " + ", ".join(f"{c} {v}" for c, v, _ in got)
+                    f"{name} ({time.perf_counter() - t0:.0f} s): "
+                    + ", ".join(f"{c} {v}" for c, v, _, _ in got)
                 )
                 sys.stdout.flush()
-            verdicts: list[tuple[str, str, str]] = []
+            verdicts: list[Scored] = []
             runs_with_winner = n_runs = 0
             for sweep_json in sorted(results.glob(f"aa-l{launches}-*/sweep.json")):
                 scored = score(sweep_json)
@@ -143,19 +179,21 @@ def main() -> None:
                     continue
                 verdicts += scored
                 n_runs += 1
-                runs_with_winner += any(v in ("better", "worse") for _, v, _ in scored)
+                runs_with_winner += any(v in ("better", "worse") for _, v, _, _ in scored)
             if not verdicts:
                 continue
-            false = sum(1 for _, v, _ in verdicts if v in ("better", "worse"))
-            undecidable = sum(1 for _, v, _ in verdicts if v == "none")
-            naive = sum(1 for _, _, n in verdicts if n in ("better", "worse"))
+            false = sum(1 for _, v, _, _ in verdicts if v in ("better", "worse"))
+            undecidable = sum(1 for _, v, _, _ in verdicts if v == "none")
+            naive = sum(1 for _, _, n, _ in verdicts if n in ("better", "worse"))
+            calibrated = calibration([z for *_, z in verdicts if z is not None])
             print(
                 f"launches={launches}: {n_runs} runs, {len(verdicts)} A/A comparisons; specexp false "
                 f"winners {rate(false, len(verdicts))}, "
                 f"runs naming any winner {rate(runs_with_winner, n_runs)}, "
-                f"no interval possible {undecidable}; one-trial reading names a winner in {naive}"
+                f"no interval possible {undecidable}; one-trial reading names a winner in {naive}; "
+                f"{calibrated}"
             )
-            headline.append(f"launches={launches}: {rate(false, len(verdicts))}")
+            headline.append(f"launches={launches}: {rate(false, len(verdicts))}, {calibrated}")
     print("headline: A/A false winners (per comparison) " + "; ".join(headline) + " (goal <= 5 %)")
 
 
