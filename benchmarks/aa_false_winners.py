@@ -80,6 +80,9 @@ def score(sweep_json: Path) -> list[Scored] | None:
     of one kept sweep; None (said) when a variant of it did not finish. The standardized
     ratio is log(ratio) over the half-width its own interval implies (``standardized``)."""
     sweep = SweepResult.model_validate_json(sweep_json.read_text())
+    if len(sweep.variants) != 2:  # a sweep still running, or one cut short before its variants
+        print(f"{sweep_json.parent.name}: not counted, {len(sweep.variants)} of its 2 variants recorded")
+        return None
     original, copy = sweep.variants
     if original.status != "ok" or copy.status != "ok":
         why = original.error or copy.error

@@ -62,6 +62,30 @@ def test_dry_run_prints_argv_env_and_baseline(workdir: Path) -> None:
     assert "--attention-backend=B12X" in out.stdout and "--block-size=32" in out.stdout
     assert out.stdout.count("[0] baseline attention=flashinfer block_size=16") == 1
     assert "no MTP layers" in out.stdout
+    if "device=cpu" in out.stdout:  # said before launch: both backends would run vLLM's CPU attention
+        for backend in ("flashinfer", "b12x"):
+            note = f"note: attention.backend: {backend} is not available on cpu; vLLM will use CPU_ATTN"
+            assert out.stdout.count(note) == 6, backend  # every variant that asks for it
+    assert list(workdir.iterdir()) == []
+
+
+def test_the_readmes_seed_preset_commands_give_it_a_real_baseline(workdir: Path) -> None:
+    """The README's ``sweep experiment=spark_glm_mtp --dry-run``, as written, and the preset at
+    two depths: the no-speculation baseline drops the preset's ``spec.depth`` with the rest of
+    its spec (it once kept it and every form of the command failed)."""
+    for args, labels in (
+        (["sweep", "experiment=spark_glm_mtp", "--dry-run"], ["baseline", "mtp-k3"]),
+        (
+            ["sweep", "experiment=spark_glm_mtp", "spec.depth=3,5", "--dry-run"],
+            ["baseline", "mtp-k3", "mtp-k5"],
+        ),
+    ):
+        out = run_cli(args, workdir)
+        assert out.returncode == 0, out.stderr
+        assert re.findall(r"^\[\d+\] (\S+)", out.stdout, flags=re.MULTILINE) == labels
+        baseline, *variants = re.split(r"^\[\d+\] ", out.stdout, flags=re.MULTILINE)[1:]
+        assert "--speculative-config" not in baseline
+        assert all('"method":"mtp"' in v for v in variants)
     assert list(workdir.iterdir()) == []
 
 

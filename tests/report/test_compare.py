@@ -102,3 +102,12 @@ def test_the_plots_are_png_files_with_what_they_show(tmp_path: Path) -> None:
         [variant("baseline", [1, 2, 3], baseline=True).model_copy(update={"cases": {}})], tmp_path / "x"
     )
     assert only == []
+
+
+def test_a_variant_that_ran_what_its_baseline_ran_is_shown_as_an_aa_not_a_winner() -> None:
+    same = K3.model_copy(update={"same_run_as": BASE.label})
+    rows, _ = compare.compare_rows([StoredVariant(BASE, None, "s"), StoredVariant(same, None, "s")])
+    row = rows[1]
+    assert "same run" in row.flags
+    assert row.verdict_text.endswith("A/A (same run)") and "▲" not in row.verdict_text
+    assert "A/A" in compare.csv_text(rows)

@@ -220,3 +220,28 @@ def test_an_unset_key_variable_is_one_line_before_any_server_starts(
         "the environment variable SPECEXP_NO_SUCH_KEY is not set"
     )
     assert not (workdir / "results").exists() and not fakes_alive(marker)
+
+
+def test_two_backends_that_ran_the_same_thing_are_marked_as_one_run(workdir: Path) -> None:
+    """``attention=flashinfer,b12x`` on CPU: the server (the fake logs vLLM's fallback) runs
+    CPU_ATTN for both, so the second is marked as the same run as the first, in its result, its
+    notes and MLflow, and the comparison of the two is not presented as one about the knob."""
+    from mlflow.tracking import MlflowClient
+
+    marker = uuid.uuid4().hex
+    overrides = fake_sweep(
+        marker, "attention=flashinfer,b12x", "sweep.validate=false", "tracking.experiment=same"
+    )
+    outcome = run_sweep(SweepPlan.resolve(plan_sweep(overrides, with_baseline=False), "same"), _quiet())
+    first, second = outcome.result.variants
+    assert first.status == second.status == "ok", (first.error, second.error)
+    assert first.effective["attention.backend"] == second.effective["attention.backend"] == "CPU_ATTN"
+    assert first.same_run_as is None and second.same_run_as == first.label
+    assert any(f"ran the same configuration as {first.label}" in n for n in second.notes)
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("same")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    marked = [r for r in runs if r.data.tags.get("specexp.same_run_as") == first.label]
+    assert len(marked) == 1
+    assert fakes_alive(marker) == []
