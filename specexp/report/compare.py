@@ -20,6 +20,7 @@ from rich.table import Table
 from specexp.measure.stats import case_verdict, primary_metric
 from specexp.record.results import Summary, VariantResult, Verdict
 from specexp.record.store import StoredVariant
+from specexp.report.table import fmt_range
 
 MARK = {"better": "▲", "worse": "▼", "no clear difference": "≈"}
 
@@ -139,7 +140,7 @@ def _fmt(value: float | None, digits: int = 1, scale: float = 1.0, suffix: str =
 
 def _cells(row: Row) -> list[str]:
     s = row.summary
-    value = "–" if s is None else f"{s.median:.1f} [{s.min:.1f}–{s.max:.1f}] n={s.n}"
+    value = "–" if s is None else f"{fmt_range(s)} n={s.n}"
     acc = (
         "–"
         if row.acceptance_rate is None

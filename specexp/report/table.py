@@ -14,9 +14,13 @@ from specexp.record.results import CaseResult, SuiteCaseResult, SuiteResult, Sum
 
 
 def fmt_range(s: Summary | None, scale: float = 1.0, digits: int = 1) -> str:
+    """Median [min–max]; figures below 1 (goodput in requests/s, say) keep three decimals,
+    since one would print 0.043 req/s as 0.0."""
     if s is None:
         return "–"
     med, lo, hi = s.median * scale, s.min * scale, s.max * scale
+    if digits == 1 and 0 < max(abs(med), abs(lo), abs(hi)) < 1:
+        digits = 3
     return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}]"
 
 

@@ -10,6 +10,7 @@ from specexp.measure.stats import summarize
 from specexp.record.results import AcceptanceRecord, CaseResult, RequestRecord, TrialRecord, VariantResult
 from specexp.record.store import StoredVariant
 from specexp.report import compare, plots
+from specexp.report.table import fmt_range
 
 
 def variant(
@@ -111,3 +112,12 @@ def test_a_variant_that_ran_what_its_baseline_ran_is_shown_as_an_aa_not_a_winner
     assert "same run" in row.flags
     assert row.verdict_text.endswith("A/A (same run)") and "▲" not in row.verdict_text
     assert "A/A" in compare.csv_text(rows)
+
+
+def test_a_figure_below_one_keeps_its_digits() -> None:
+    """Goodput in requests/s is often below 1: one decimal would print 0.043 as 0.0."""
+    good = summarize([0.0432, 0.0225, 0.0])
+    assert good is not None
+    assert fmt_range(good) == "0.022 [0.000–0.043]"
+    fast = summarize([8.61, 8.3, 9.0])
+    assert fast is not None and fmt_range(fast) == "8.6 [8.3–9.0]"
