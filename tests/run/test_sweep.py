@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import uuid
@@ -232,8 +233,11 @@ def test_two_backends_that_ran_the_same_thing_are_marked_as_one_run(workdir: Pat
     overrides = fake_sweep(
         marker, "attention=flashinfer,b12x", "sweep.validate=false", "tracking.experiment=same"
     )
-    outcome = run_sweep(SweepPlan.resolve(plan_sweep(overrides, with_baseline=False), "same"), _quiet())
+    said = Console(file=io.StringIO(), record=True, width=200)
+    outcome = run_sweep(SweepPlan.resolve(plan_sweep(overrides, with_baseline=False), "same"), said)
     first, second = outcome.result.variants
+    if first.launch.get("device") == "cpu":  # said before the launch, as the dry run says it
+        assert "flashinfer is not available on cpu; vLLM will use CPU_ATTN" in said.export_text()
     assert first.status == second.status == "ok", (first.error, second.error)
     assert first.effective["attention.backend"] == second.effective["attention.backend"] == "CPU_ATTN"
     assert first.same_run_as is None and second.same_run_as == first.label
