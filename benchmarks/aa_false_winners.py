@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import NormalDist
+from typing import NamedTuple
 
 from specexp.measure.stats import case_verdict, primary_metric
 from specexp.record.results import SweepResult
@@ -72,7 +73,11 @@ def run_sweep(workdir: Path, name: str, launches: int, quick: bool, short: bool 
     return proc.returncode == 0
 
 
-Scored = tuple[str, str, str, float | None]
+class Scored(NamedTuple):
+    case: str
+    verdict: str  # specexp's: better | worse | no clear difference | none (no interval)
+    naive: str  # the one-trial reading: better | worse
+    z: float | None  # log ratio in units of its own interval (``standardized``)
 
 
 def score(sweep_json: Path) -> list[Scored] | None:
@@ -100,7 +105,7 @@ def score(sweep_json: Path) -> list[Scored] | None:
             if verdict
             else None
         )
-        out.append((case, verdict.verdict if verdict is not None else "none", naive, z))
+        out.append(Scored(case, verdict.verdict if verdict is not None else "none", naive, z))
     return out
 
 
@@ -171,7 +176,7 @@ def main() -> None:
                 got = score(results / name / "sweep.json") or []
                 print(
                     f"{name} ({time.perf_counter() - t0:.0f} s): "
-                    + ", ".join(f"{c} {v}" for c, v, _, _ in got)
+                    + ", ".join(f"{s.case} {s.verdict}" for s in got)
                 )
                 sys.stdout.flush()
             verdicts: list[Scored] = []
@@ -182,13 +187,13 @@ def main() -> None:
                     continue
                 verdicts += scored
                 n_runs += 1
-                runs_with_winner += any(v in ("better", "worse") for _, v, _, _ in scored)
+                runs_with_winner += any(s.verdict in ("better", "worse") for s in scored)
             if not verdicts:
                 continue
-            false = sum(1 for _, v, _, _ in verdicts if v in ("better", "worse"))
-            undecidable = sum(1 for _, v, _, _ in verdicts if v == "none")
-            naive = sum(1 for _, _, n, _ in verdicts if n in ("better", "worse"))
-            calibrated = calibration([z for *_, z in verdicts if z is not None])
+            false = sum(1 for s in verdicts if s.verdict in ("better", "worse"))
+            undecidable = sum(1 for s in verdicts if s.verdict == "none")
+            naive = sum(1 for s in verdicts if s.naive in ("better", "worse"))
+            calibrated = calibration([s.z for s in verdicts if s.z is not None])
             print(
                 f"launches={launches}: {n_runs} runs, {len(verdicts)} A/A comparisons; specexp false "
                 f"winners {rate(false, len(verdicts))}, "
