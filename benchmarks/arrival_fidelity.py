@@ -2,14 +2,16 @@
 
 An open-loop case is only as good as its sender: a client that falls behind its schedule
 offers less load than asked, and the figures describe a gentler workload than the one
-named. A scripted SSE server (``tests/fakes/scripted_sse.py``, pinned to CPU 1) stamps
-each request with the moment it was read; the client under test runs pinned to CPU 0 and
-sends Poisson arrivals at 10, 50 and 200 requests/s (4 output tokens each, TTFT 5 ms,
-5 ms gaps). Two figures per request:
+named. An SSE server (``tests/fakes/kernel_stamped_sse.py``, pinned to CPU 1) stamps each
+request with the kernel's receive time of its first bytes (``SO_TIMESTAMPNS``), so a busy
+server does not charge its own delay to the sender (the asyncio ``scripted_sse`` stamps
+when its loop has read the request: at 200 requests/s that added up to 1.5 ms at p99 to
+both tools); the client under test runs pinned to CPU 0 and sends Poisson arrivals at 10,
+50 and 200 requests/s (4 output tokens each, TTFT 5 ms, 5 ms gaps). Two figures per request:
 
-- **send error as the server saw it**: arrival at the server minus the request's
-  scheduled time, less the smallest such difference of the run (the fixed network and
-  parsing delay), so both tools are judged by the same clock and the same rule;
+- **send error as the server's socket saw it**: arrival at the server minus the request's
+  scheduled time, less the smallest such difference of the run (the fixed network
+  delay), so both tools are judged by the same clock and the same rule;
 - specexp's own record: request on the socket minus its due time (``late_s``, what a
   sweep stores for every request).
 
@@ -228,7 +230,7 @@ def main() -> None:
     rates, seconds = ([50.0, 200.0], 3.0) if args.quick else ([10.0, 50.0, 200.0], 10.0)
     port = free_port()
     server = subprocess.Popen(
-        ["taskset", "-c", "1", sys.executable, "-m", "tests.fakes.scripted_sse", str(port), "5", "5"],
+        ["taskset", "-c", "1", sys.executable, "-m", "tests.fakes.kernel_stamped_sse", str(port), "5", "5"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -242,7 +244,7 @@ def main() -> None:
     try:
         assert server.stdout is not None and server.stdout.readline().startswith("READY")
         print(
-            f"Poisson arrivals, {seconds:g} s per rate; send error in ms (server-observed, see the docstring)"
+            f"Poisson arrivals, {seconds:g} s per rate; send error in ms (at the server's socket; docstring)"
         )
         print(f"{'req/s':>6} {'requests':>8} {'client':>17} {'p50':>7} {'p99':>7} {'max':>7} {'lost':>4}")
         with tempfile.TemporaryDirectory() as tmp_name:
@@ -278,7 +280,7 @@ def main() -> None:
         floor_worst = max(rows[(r, "timer alone")][1] for r in rates)
         versus = f", vllm bench serve p99 {peer[1]:.3f} ms (p50 {peer[0]:.3f})" if peer else ""
         print(
-            f"headline: {top_rate:g} req/s Poisson, send error as the server saw it: "
+            f"headline: {top_rate:g} req/s Poisson, send error as the server's socket saw it: "
             f"specexp p99 {s[1]:.3f} ms "
             f"(p50 {s[0]:.3f}){versus}; specexp's worst p99 over {', '.join(f'{r:g}' for r in rates)} req/s "
             f"{worst:.3f} ms (goal < 2, no worse than the peer); this machine's timer alone wakes "

@@ -6,6 +6,8 @@
   starts each conversation when it is due, whether or not earlier ones have finished,
   like production traffic; an optional cap on open requests makes a late request wait
   for a slot (AIPerf's sleep-then-gate: no catch-up, the wait shows as lateness).
+  Without a cap, a request is made just before it is due and its body held until then,
+  so at the due time only the socket write is left (``client.stream_chat``'s ``due``).
 
 A conversation's turns go one after another: each is sent when the previous answer has
 ended (and, replaying a trace, not before its own timestamp), with that answer in its
@@ -27,15 +29,15 @@ from typing import Any, cast
 
 import aiohttp
 
-from specexp.measure.client import chat_payload, stream_chat
+from specexp.measure.client import SPIN_S, chat_payload, sleep_until, stream_chat
 from specexp.measure.workload_files import Turn
 from specexp.record.results import RequestRecord
 
 Message = dict[str, Any]
-# asyncio wakes a sleeper up to a millisecond late (epoll's timeout is in whole ms), so
-# the last stretch before a due time is waited out by yielding to the loop instead.
-SPIN_S = 0.002
 LEAD_S = 0.02  # open loop: a conversation's task starts this long before it is due
+# an uncapped request is made this long before it is due, its body held until then: long
+# enough for its set-up on a loaded core, short of any server's keep-alive timeout
+ARM_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -76,16 +78,6 @@ def build_payload(turn: Turn, history: list[Message], defaults: RequestDefaults)
     return body
 
 
-async def sleep_until(deadline: float, spin_s: float = SPIN_S) -> None:
-    """Sleep until ``deadline`` (``perf_counter`` seconds): asyncio sleep to just before it,
-    then yield to the loop until it passes, so other streams keep being read meanwhile."""
-    delay = deadline - time.perf_counter()
-    if delay > spin_s:
-        await asyncio.sleep(delay - spin_s)
-    while time.perf_counter() < deadline:  # noqa: ASYNC110 (waiting for a time, not an event)
-        await asyncio.sleep(0)
-
-
 async def run_window(
     client: aiohttp.ClientSession,
     url: str,
@@ -106,9 +98,23 @@ async def run_window(
     gate = asyncio.Semaphore(window.concurrency) if open_loop and window.concurrency else None
     start = time.perf_counter() if t0 is None else t0
 
-    async def send(index: int, turn: Turn, payload: dict[str, Any]) -> RequestRecord:
-        if gate is None:
+    async def send(index: int, payload: dict[str, Any], due: float | None) -> RequestRecord:
+        if due is None:
             return await stream_chat(client, url, payload, index=index, t0=start, timeout_s=timeout_s)
+        if gate is None:  # made just before its due time, its body held until then
+            await sleep_until(start + due - ARM_S, 0.0)
+            return await stream_chat(
+                client,
+                url,
+                payload,
+                index=index,
+                t0=start,
+                timeout_s=timeout_s,
+                due=start + due,
+                spin_s=spin_s,
+            )
+        # capped: a request waits for its slot from its due time (the wait is lateness)
+        await sleep_until(start + due, spin_s)
         async with gate:
             return await stream_chat(client, url, payload, index=index, t0=start, timeout_s=timeout_s)
 
@@ -123,9 +129,7 @@ async def run_window(
                 due = time.perf_counter() - start
                 if window.trace_start_s is not None and turn.timestamp_s is not None:
                     due = max(due, turn.timestamp_s - window.trace_start_s)
-            if due is not None:
-                await sleep_until(start + due, spin_s)
-            rec = await send(index, turn, payload)
+            rec = await send(index, payload, due)
             rec.slice, rec.session, rec.turn = turn.slice, turn.session, k
             if due is not None:
                 rec.scheduled_s = due

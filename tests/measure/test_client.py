@@ -296,3 +296,55 @@ def test_connection_failure_is_data_not_an_exception() -> None:
 
     rec = asyncio.run(go())
     assert not rec.ok and rec.index == 3 and "ClientConnectorError" in (rec.error or "")
+
+
+def test_a_request_with_a_due_time_is_set_up_before_it_and_sent_at_it() -> None:
+    """A raw server records when the client connected, when the request's first byte came
+    and when its body was complete: connecting happens ahead, not a byte goes out early."""
+    seen: dict[str, Any] = {}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["connected"] = time.perf_counter()
+        first = await reader.read(1)
+        seen["first_byte"] = time.perf_counter()
+        head = first + await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        seen["body"] = json.loads(await reader.readexactly(length))["messages"][0]["content"]
+        stream = ROLE + content("ok") + FINISH + USAGE + DONE
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+            + f"content-length: {len(stream)}\r\n\r\n".encode()
+            + stream
+        )
+        await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[float, float, RequestRecord]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, session(10) as client:
+            payload = chat_payload(
+                "m", [{"role": "user", "content": "due"}], max_tokens=4, temperature=0, seed=0
+            )
+            t0 = time.perf_counter()
+            due = t0 + 1.0
+            rec = await stream_chat(
+                client,
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                payload,
+                index=0,
+                t0=t0,
+                timeout_s=10,
+                due=due,
+            )
+            return t0, due, rec
+
+    t0, due, rec = asyncio.run(go())
+    assert rec.ok and rec.text == "ok" and seen["body"] == "due"
+    assert seen["connected"] < due <= seen["first_byte"]  # set up ahead; headers held with the body
+    assert rec.start_s == pytest.approx(due - t0)  # the record starts when it was due
+    assert rec.send_delay_s >= 0 and t0 + rec.start_s + rec.send_delay_s <= seen["first_byte"]
