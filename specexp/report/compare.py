@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from rich.table import Table
 
 from specexp.measure.stats import case_verdict, primary_metric
-from specexp.record.results import Summary, VariantResult, Verdict
+from specexp.record.results import CaseResult, Summary, VariantResult, Verdict
 from specexp.record.store import StoredVariant
 from specexp.report.table import fmt_range
 
@@ -46,12 +46,21 @@ class Row:
     def verdict_text(self) -> str:
         v = self.verdict
         if v is None:
-            return ""
+            return f"no ratio: {ZERO_TRIAL}" if ZERO_TRIAL in self.flags else ""
         if "same run" in self.flags:
             return f"×{v.ratio:.2f} A/A (same run)"
         if v.ci_low is None or v.ci_high is None:
             return f"×{v.ratio:.2f} ? (too few trials)"
         return f"×{v.ratio:.2f} [{v.ci_low:.2f}–{v.ci_high:.2f}] {MARK.get(v.verdict, v.verdict)}"
+
+
+# A ratio needs every trial above 0 on both sides; goodput (requests that met their
+# objectives) is 0 for a window in which none did, which is a result, not a gap.
+ZERO_TRIAL = "a trial at 0"
+
+
+def _has_zero(metric: str, *cases: CaseResult) -> bool:
+    return any(t.ok and t.metrics.get(metric, 1.0) <= 0 for c in cases for t in c.trials)
 
 
 def _median(s: dict[str, Summary], key: str) -> float | None:
@@ -109,6 +118,8 @@ def compare_rows(results: list[StoredVariant], confidence: float = 0.95) -> tupl
                 flags.append(f"{len(cr.summary[metric].outliers)} outlier trial(s)")
             if cr.looping_outputs:
                 flags.append("outputs loop")
+            if verdict is None and base_case is not None and _has_zero(metric, cr, base_case):
+                flags.append(ZERO_TRIAL)
             if base is not None and r.same_run_as == base.label:
                 flags.append("same run")
             if r.status != "ok":

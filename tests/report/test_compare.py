@@ -121,3 +121,19 @@ def test_a_figure_below_one_keeps_its_digits() -> None:
     assert fmt_range(good) == "0.022 [0.000–0.043]"
     fast = summarize([8.61, 8.3, 9.0])
     assert fast is not None and fmt_range(fast) == "8.6 [8.3–9.0]"
+
+
+def test_a_baseline_trial_at_zero_says_why_there_is_no_ratio() -> None:
+    """Goodput is 0 in a window where no request met its objectives: no ratio can be taken,
+    and the cell says so instead of staying empty."""
+    base = variant("baseline", [0.0, 0.02, 0.03, 0.02], baseline=True)
+    other = variant("ngram-k3", [0.05, 0.04, 0.05, 0.06], baseline=False, base_hash=base.variant_hash)
+    rows, _ = compare.compare_rows([StoredVariant(base, None, "s"), StoredVariant(other, None, "s")])
+    base_row, row = rows
+    assert row.verdict is None and row.verdict_text == "no ratio: a trial at 0"
+    assert base_row.verdict_text == ""  # the baseline is not compared with itself
+    assert "a trial at 0" in compare.markdown(rows, "s")
+    # trials above 0 on both sides: a ratio, and no such note
+    fine = variant("ngram-k3", [0.05, 0.04, 0.05, 0.06], baseline=False, base_hash=BASE.variant_hash)
+    rows, _ = compare.compare_rows([StoredVariant(BASE, None, "s"), StoredVariant(fine, None, "s")])
+    assert rows[1].verdict is not None and "a trial at 0" not in rows[1].flags
