@@ -638,15 +638,12 @@ class Tuner:
             return None
         return self.model.predict(cand.group, cand.variant.config.spec)
 
-    def margin(self) -> float:
-        """A clear margin: the configured one, or twice the worst error the model made so far."""
-        return max(self.plan.margin, 2 * self.max_error)
-
     def _ruled_out(self, cand: Candidate, pred: Prediction) -> str | None:
-        """Not worth a start: predicted to improve no objective on the best measured so far
-        in its configuration group by more than the margin (the model's own error allowance).
-        The predicted best of each objective is measured first, so once it is, the rest of
-        the space is settled unless a measurement came in clearly below its prediction."""
+        """Not worth a start: even as far above its prediction as the model's worst error so
+        far, it improves no objective on the best measured in its configuration group by more
+        than ``--margin`` (a gain smaller than that is not worth a server start). An exact
+        model rules out all but the predicted best; one that has missed keeps the search
+        open by as much as it missed."""
         if self.plan.strategy != "model" or not self.model.calibrated(cand.group):
             return None
         if any(o.name not in pred.values for o in self.plan.objectives):
@@ -664,16 +661,21 @@ class Tuner:
                     best[o.name] = (got, other.variant.label)
         if len(best) < len(self.plan.objectives):
             return None
-        m = self.margin()
+        m, e = self.plan.margin, self.max_error
         for o in self.plan.objectives:
             want, (got, _) = pred.values[o.name], best[o.name]
-            if (want > got * (1 + m)) if o.direction == "maximize" else (want < got * (1 - m)):
-                return None  # clearly better on this objective: worth a start
+            if (
+                (want * (1 + e) > got * (1 + m))
+                if o.direction == "maximize"
+                else (want * (1 - e) < got * (1 - m))
+            ):
+                return None  # could be better on this objective by more than the margin: worth a start
         shown = ", ".join(
             f"{o.name} {pred.values[o.name]:.1f} (best {best[o.name][0]:.1f}, {best[o.name][1]})"
             for o in self.plan.objectives
         )
-        return f"predicted {shown}: no objective better by more than {m:.0%} ({pred.basis})"
+        allowing = f", allowing the model's worst error so far ({e:.0%})" if e else ""
+        return f"predicted {shown}: no objective better by more than {m:.0%}{allowing} ({pred.basis})"
 
     def _measure(
         self, trial: optuna.Trial, cand: Candidate, baseline: VariantResult | None, pred: Prediction | None
@@ -866,19 +868,24 @@ class Tuner:
         return first
 
     def after_measure(self) -> None:
-        """Under the model strategy: queue the predicted best of each objective."""
+        """Under the model strategy: queue, per objective, the candidate predicted best among
+        those not started yet and not ruled out (after a miss, the next one the model would
+        try; once it is exact, nothing is left to queue)."""
         if self.plan.strategy != "model":
             return
         cands = self.all_candidates()
         if cands is None:
             return
+        started = {_attr(t, "key") for t in self.study.get_trials(deepcopy=False) if _attr(t, "started")}
         for o in self.plan.objectives:
             best: tuple[float, Candidate] | None = None
             for c in cands:
                 if c.variant.is_baseline or not self.model.calibrated(c.group):
                     continue
+                if c.key in started or c.key in self.results:
+                    continue
                 pred = self.model.predict(c.group, c.variant.config.spec)
-                if pred is None or o.name not in pred.values:
+                if pred is None or o.name not in pred.values or self._ruled_out(c, pred) is not None:
                     continue
                 v = pred.values[o.name]
                 if best is None or o.better(v, best[0]):

@@ -202,8 +202,10 @@ def _grid_results() -> tuple[dict[str, list[GreedyOutput]], dict[int, float], fl
     return greedy, truth, base
 
 
-def _fake_runner(order: list[int]) -> Any:
+def _fake_runner(order: list[int], off: dict[int, float] | None = None) -> Any:
+    """Measurements from the law, a depth in ``off`` scaled by its factor (the model's miss)."""
     greedy, truth, _ = _grid_results()
+    truth = {k: v * (off or {}).get(k, 1.0) for k, v in truth.items()}
 
     def runner(tuner: Any, trial: Any, cand: Any, baseline: Any, pred: Any) -> Stored:
         k = 0 if cand.variant.is_baseline else cand.variant.config.spec.depth
@@ -228,7 +230,7 @@ def _fake_runner(order: list[int]) -> Any:
     return runner
 
 
-def replayed(strategy: str, n: int, order: list[int]) -> TuneOutcome:
+def replayed(strategy: str, n: int, order: list[int], off: dict[int, float] | None = None) -> TuneOutcome:
     """A search over depth 1-8 whose measurements come from the law above."""
     with hydra_context():
         plan = plan_tune(
@@ -237,7 +239,7 @@ def replayed(strategy: str, n: int, order: list[int]) -> TuneOutcome:
             n_trials=n,
             strategy=strategy,
         )
-        return run_tune(plan, quiet(), runner=_fake_runner(order), validate=False)
+        return run_tune(plan, quiet(), runner=_fake_runner(order, off), validate=False)
 
 
 def test_the_depth_model_finds_the_best_depth_in_three_starts(workdir: Path) -> None:
@@ -260,6 +262,27 @@ def test_the_depth_model_finds_the_best_depth_in_three_starts(workdir: Path) -> 
     ] == pytest.approx(0, abs=1e-9)
     assert out.conclusion is not None and out.conclusion.best is not None
     assert attr(out.conclusion.best, "label") == f"ngram-k{best}"
+
+
+def test_a_predicted_best_that_comes_in_low_keeps_the_search_open(workdir: Path) -> None:
+    """The model's favourite measures 20 % below its prediction: the model is off by 25 %,
+    so what it would have ruled out at an exact fit is worth a start now, and the search
+    goes on to the depth that is best in truth."""
+    _, truth, _ = _grid_results()
+    favourite = max(range(1, 9), key=lambda k: truth[k])
+    runner_up = max((k for k in range(1, 9) if k != favourite), key=lambda k: truth[k])
+    order: list[int] = []
+    out = replayed("model", 9, order, off={favourite: 0.8})
+    assert order[:3] == [0, 8, favourite]
+    assert runner_up in order[3:], order  # started after the miss: an exact model rules it out
+    assert out.conclusion is not None and out.conclusion.best is not None
+    assert attr(out.conclusion.best, "label") == f"ngram-k{runner_up}"
+    errors = [
+        attr(t, "prediction_error")["single.decode_tok_s"]
+        for t in out.tuner.study.trials
+        if attr(t, "label") == f"ngram-k{favourite}" and t.state == TrialState.COMPLETE
+    ]
+    assert errors == [pytest.approx(0.25)]
 
 
 def test_plain_tpe_gets_no_help_from_the_model(workdir: Path) -> None:
