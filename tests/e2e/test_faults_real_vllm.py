@@ -59,7 +59,8 @@ def _watch(sweep_dir: Path, label_part: str, timeout: float) -> dict[str, Any]:
 def test_a_killed_server_fails_only_its_variant_and_a_dead_store_is_synced_later(workdir: Path) -> None:
     """Interleaved sweep, the store unreachable: k5's server is SIGKILLed after it started
     measuring. k5 fails with the server's own reason and keeps its finished trials; the
-    others measure everything; one warning about the store; ``sync`` logs it all once."""
+    baseline beside it measures everything; one warning about the store; ``sync`` logs it
+    all once."""
     require_vllm()
     marker, shm_before = new_marker(), openmp_registrations()
     tmp = workdir / "tmp"
@@ -70,7 +71,7 @@ def test_a_killed_server_fails_only_its_variant_and_a_dead_store_is_synced_later
     args = [
         "sweep",
         "spec=ngram",
-        "spec.depth=3,5",
+        "spec.depth=5",
         "bench=smoke",
         "bench.trials=3",
         "bench.order=interleaved",
@@ -111,9 +112,9 @@ def test_a_killed_server_fails_only_its_variant_and_a_dead_store_is_synced_later
     by_label = {v["label"]: v for v in sweep["variants"]}
     k5 = by_label["ngram-k5"]
     assert k5["status"] == "failed" and "vllm serve killed by SIGKILL" in k5["error"], k5["error"]
-    for label in ("baseline", "ngram-k3"):
-        assert by_label[label]["status"] == "ok"
-        assert all(len(c["trials"]) == 3 for c in by_label[label]["cases"].values())
+    assert sorted(by_label) == ["baseline", "ngram-k5"]
+    assert by_label["baseline"]["status"] == "ok"
+    assert all(len(c["trials"]) == 3 for c in by_label["baseline"]["cases"].values())
     kept = sum(1 for c in k5["cases"].values() for t in c["trials"] if not t.get("error"))
     assert kept >= 1  # what k5 measured before it died is data, not lost
     assert out.count("tracking store unavailable") == 1
@@ -122,7 +123,7 @@ def test_a_killed_server_fails_only_its_variant_and_a_dead_store_is_synced_later
 
     synced = run_cli(["sync", "faults"], workdir)
     assert synced.returncode == 0, synced.stderr
-    assert "logged 3 variant(s)" in synced.stdout
+    assert "logged 2 variant(s)" in synced.stdout
     assert "nothing was missing" in run_cli(["sync", "faults"], workdir).stdout
     from mlflow.tracking import MlflowClient
 
@@ -133,7 +134,6 @@ def test_a_killed_server_fails_only_its_variant_and_a_dead_store_is_synced_later
     statuses = sorted((r.data.tags.get("specexp.label", "sweep"), r.info.status) for r in runs)
     assert statuses == [
         ("baseline", "FINISHED"),
-        ("ngram-k3", "FINISHED"),
         ("ngram-k5", "FAILED"),
         ("sweep", "FINISHED"),
     ]
