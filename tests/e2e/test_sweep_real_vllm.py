@@ -1,4 +1,5 @@
-"""End to end on the real CPU build of vLLM with the embedded SmolLM2 (about 2 minutes)."""
+"""End to end on the real CPU build of vLLM with the embedded SmolLM2: a keyed, interleaved
+depth sweep with its suite and MLflow runs, and Ctrl-C in the middle of a start."""
 
 from __future__ import annotations
 
@@ -16,92 +17,6 @@ import pytest
 from tests.helpers import REPO, ctrl_c_works, processes_matching, require_vllm, run_cli
 
 pytestmark = pytest.mark.e2e
-
-
-def test_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
-    require_vllm()
-    # every prompt of the default workload goes through (12 in the concurrent case)
-    out = run_cli(
-        [
-            "sweep",
-            "spec.depth=3",
-            "bench=smoke",
-            "bench.cases.concurrent4.num_prompts=12",
-            "tracking.experiment=e2e",
-            "--name",
-            "e2e",
-        ],
-        workdir,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "no MTP layers" in out.stdout and "specexp sweep" in out.stdout
-    sweep = json.loads((workdir / "results" / "e2e" / "sweep.json").read_text())
-    base, k3 = sweep["variants"]
-    assert [base["label"], k3["label"]] == ["baseline", "ngram-k3"]
-    for v in (base, k3):
-        assert v["status"] == "ok", v.get("error")
-        assert 5 < v["ready_s"] < 300 and v["startup_phases"]["weight_load_s"] > 0
-        for case in v["cases"].values():
-            assert case["failed_requests"] == 0
-            assert case["looping_outputs"] == 0, "the default workload must not make the model loop"
-            assert len(case["trials"]) == 2
-            assert case["summary"]["output_tok_s"]["median"] > 0
-    assert "acceptance_rate" not in base["cases"]["single"]["summary"]
-    # the exact-length prompt is exactly that long as the server counts it
-    for v in (base, k3):
-        long_input = v["cases"]["long_input"]
-        assert {q["prompt_tokens"] for t in long_input["trials"] for q in t["requests"]} == {1024}
-        assert long_input["summary"]["prompt_tokens_mismatch"]["max"] == 0
-    acc = k3["cases"]["concurrent4"]["summary"]
-    assert 0 < acc["acceptance_rate"]["median"] <= 1 and acc["acceptance_length"]["median"] > 1
-    assert '"method":"ngram"' in " ".join(k3["launch"]["nodes"][0]["argv"])
-    # vllm-bench-compatible records, one folder per serve x bench combination
-    bench = json.loads(
-        (
-            workdir / "results" / "e2e" / "vllm-bench" / "SERVE-ngram-k3-BENCH-concurrent4" / "summary.json"
-        ).read_text()
-    )
-    assert len(bench) == 2 and bench[0]["completed"] == 12 and bench[0]["max_concurrency"] == 4
-    assert 0 < bench[0]["spec_decode_acceptance_rate"] <= 100 and bench[0]["output_throughput"] > 0
-    # the functional suite ran on both, before the benchmarks; the variant is judged against the baseline
-    for v in (base, k3):
-        cases = {c["name"]: c for c in v["suite"]["cases"]}
-        assert len(cases) == 17
-        assert cases["tool_call_weather"]["passed"] is None  # the server has no tool parser: not run
-        assert cases["code_add_function"]["passed"] is not None  # the sandbox exists here
-        assert all(c["output"] or c["passed"] is None for c in cases.values())
-    k3_cases = k3["suite"]["cases"]
-    judged = [c for c in k3_cases if c["equivalent"] is not None]
-    assert len(judged) == 16 and all(c["divergence_unit"] == "token" for c in judged)
-    for c in k3_cases:
-        assert c["regression"] == (c["baseline_passed"] is True and c["passed"] is False)
-    assert "functional suite regression17" in out.stdout
-    # the server log of each variant is kept
-    logs = sorted((workdir / "results" / "e2e").glob("*/server.log"))
-    assert len(logs) == 2 and "Application startup complete" in logs[0].read_text()
-    assert processes_matching("vllm_entry.py") == []
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("e2e")
-    assert exp is not None
-    runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("specexp.kind") == "sweep"]
-    children = [r for r in runs if r.data.tags.get("specexp.kind") == "variant"]
-    assert len(parents) == 1 and len(children) == 2
-    assert all(r.info.status == "FINISHED" for r in runs)
-    k3_run = next(r for r in children if r.data.tags["specexp.label"] == "ngram-k3")
-    assert k3_run.data.metrics["concurrent4.acceptance_rate"] > 0
-    assert "single.decode_tok_s.vs_baseline" in k3_run.data.metrics
-    assert k3_run.data.metrics["regression.passed"] == sum(1 for c in k3_cases if c["passed"])
-    assert k3_run.data.metrics["regression.regressions"] == sum(1 for c in k3_cases if c["regression"])
-    assert 0 <= k3_run.data.metrics["equivalence.rate"] <= 1
-    names = {a.path for a in client.list_artifacts(k3_run.info.run_id)}
-    expected = {"config.yaml", "launch.json", "result.json", "suite.json", "requests.jsonl", "logs"}
-    assert expected <= names
-    assert [a.path for a in client.list_artifacts(k3_run.info.run_id, "logs")] == ["logs/server.log"]
 
 
 def test_ctrl_c_stops_the_server_and_marks_runs_killed(workdir: Path) -> None:
@@ -175,8 +90,25 @@ def _server_states(stop: threading.Event, seen: list[tuple[float, float, str, st
         time.sleep(0.05)
 
 
-def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> None:
+def test_a_keyed_interleaved_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workdir: Path) -> None:
+    """The README's keyed sweep on real vLLM, interleaved, suite and MLflow on: one sweep for
+    what each of them must show, since every server start costs a minute here.
+
+    - the sweep: every prompt of the smoke workload answered (12 in the concurrent case),
+      exact-length prompts, acceptance, vllm-bench records, the suite judged against the
+      baseline, the server logs, the MLflow runs and artifacts;
+    - interleaved: each server runs only during its own trials and is frozen (ps STAT T)
+      during the other's;
+    - ``launcher.api_key_env``: vLLM gets the key as VLLM_API_KEY (its own variable for
+      ``--api-key``) and refuses /v1 requests without it; the warm-up, the suite and every
+      measured stream send it. The key is in no file the sweep wrote (results, logs, the
+      MLflow store and its artifacts), not in its output, and not on a command line."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.e2e.leftovers import marker_override, new_marker, processes_with
+
     require_vllm()
+    key, marker = f"sk-e2e-{new_marker()}", new_marker()
     seen: list[tuple[float, float, str, str]] = []
     stop = threading.Event()
     sampler = threading.Thread(target=_server_states, args=(stop, seen), daemon=True)
@@ -184,27 +116,74 @@ def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> 
     try:
         out = run_cli(
             [
-                "sweep",
-                "spec.depth=3",
-                "bench=smoke",
+                # the README's command as written, then this test's budget, order and marker
+                *["sweep", "spec.depth=3", "bench=smoke", "launcher.api_key_env=SPECEXP_KEY"],
+                "bench.cases.concurrent4.num_prompts=12",
                 "bench.order=interleaved",
-                "suite=none",
-                "tracking=none",
+                "tracking.experiment=e2e",
+                marker_override(marker),
                 "--name",
-                "il",
+                "e2e",
             ],
             workdir,
-            timeout=600,
+            timeout=1200,
+            env={"SPECEXP_KEY": key},
         )
     finally:
         stop.set()
         sampler.join()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sweep = json.loads((workdir / "results" / "il" / "sweep.json").read_text())
-    windows: dict[str, list[tuple[float, float]]] = {}
-    for v in sweep["variants"]:
+    assert "no MTP layers" in out.stdout and "specexp sweep" in out.stdout
+    sweep = json.loads((workdir / "results" / "e2e" / "sweep.json").read_text())
+    base, k3 = sweep["variants"]
+    assert [base["label"], k3["label"]] == ["baseline", "ngram-k3"]
+    for v in (base, k3):
         assert v["status"] == "ok", v.get("error")
-        assert all(c["failed_requests"] == 0 for c in v["cases"].values())  # thawed servers answer
+        assert 5 < v["ready_s"] < 600 and v["startup_phases"]["weight_load_s"] > 0
+        for case in v["cases"].values():
+            assert case["failed_requests"] == 0  # thawed and keyed servers answer
+            assert case["looping_outputs"] == 0, "the default workload must not make the model loop"
+            assert len(case["trials"]) == 2
+            assert case["summary"]["output_tok_s"]["median"] > 0
+    assert "acceptance_rate" not in base["cases"]["single"]["summary"]
+    # the exact-length prompt is exactly that long as the server counts it
+    for v in (base, k3):
+        long_input = v["cases"]["long_input"]
+        assert {q["prompt_tokens"] for t in long_input["trials"] for q in t["requests"]} == {1024}
+        assert long_input["summary"]["prompt_tokens_mismatch"]["max"] == 0
+    acc = k3["cases"]["concurrent4"]["summary"]
+    assert 0 < acc["acceptance_rate"]["median"] <= 1 and acc["acceptance_length"]["median"] > 1
+    assert '"method":"ngram"' in " ".join(k3["launch"]["nodes"][0]["argv"])
+    # vllm-bench-compatible records, one folder per serve x bench combination
+    bench = json.loads(
+        (
+            workdir / "results" / "e2e" / "vllm-bench" / "SERVE-ngram-k3-BENCH-concurrent4" / "summary.json"
+        ).read_text()
+    )
+    assert len(bench) == 2 and bench[0]["completed"] == 12 and bench[0]["max_concurrency"] == 4
+    assert 0 < bench[0]["spec_decode_acceptance_rate"] <= 100 and bench[0]["output_throughput"] > 0
+    # the functional suite ran on both, before the benchmarks; the variant is judged against the baseline
+    for v in (base, k3):
+        cases = {c["name"]: c for c in v["suite"]["cases"]}
+        assert len(cases) == 17
+        assert cases["tool_call_weather"]["passed"] is None  # the server has no tool parser: not run
+        assert cases["code_add_function"]["passed"] is not None  # the sandbox exists here
+        assert all(c["output"] or c["passed"] is None for c in cases.values())
+        assert not [c["name"] for c in cases.values() if "401" in (c.get("reason") or "")]
+    k3_cases = k3["suite"]["cases"]
+    judged = [c for c in k3_cases if c["equivalent"] is not None]
+    assert len(judged) == 16 and all(c["divergence_unit"] == "token" for c in judged)
+    for c in k3_cases:
+        assert c["regression"] == (c["baseline_passed"] is True and c["passed"] is False)
+    assert "functional suite regression17" in out.stdout
+    # the server log of each variant is kept
+    logs = sorted((workdir / "results" / "e2e").glob("*/server.log"))
+    assert len(logs) == 2 and "Application startup complete" in logs[0].read_text()
+    assert processes_matching("vllm_entry.py") == [] and processes_with(marker) == []
+
+    # interleaved: a server measures only in its own trials and is frozen in the other's
+    windows: dict[str, list[tuple[float, float]]] = {}
+    for v in (base, k3):
         port = v["launch"]["base_url"].rsplit(":", 1)[1]
         trials = [t for c in v["cases"].values() for t in c["trials"]]
         windows[port] = [(t["started_at"], t["started_at"] + t["duration_s"]) for t in trials]
@@ -219,48 +198,33 @@ def test_interleaved_sweep_freezes_the_real_server_that_waits(workdir: Path) -> 
         ]
         assert during_mine and not [s for s in during_mine if s.startswith("T")], (port, during_mine)
         assert during_other and all(s.startswith("T") for s in during_other), (port, during_other)
-    assert processes_matching("vllm_entry.py") == []
 
-
-def test_a_server_started_with_an_api_key_is_measured_and_no_file_holds_the_key(workdir: Path) -> None:
-    """``launcher.api_key_env``: vLLM gets the key as VLLM_API_KEY (its own variable for
-    ``--api-key``) and refuses /v1 requests without it; the warm-up, the suite and every
-    measured stream send it. The key is in no file the sweep wrote (results, logs, the MLflow
-    store and its artifacts), not in its output, and not on the server's command line."""
-    from tests.e2e.leftovers import marker_override, new_marker, processes_with
-
-    require_vllm()
-    key = f"sk-e2e-{new_marker()}"
-    marker = new_marker()
-    out = run_cli(
-        [
-            # the README's command as written, then this test's budget and marker
-            *["sweep", "spec=ngram", "spec.depth=2", "bench=smoke", "launcher.api_key_env=SPECEXP_KEY"],
-            "bench.trials=1",
-            marker_override(marker),
-            "--no-baseline",
-            "--name",
-            "keyed",
-        ],
-        workdir,
-        timeout=900,
-        env={"SPECEXP_KEY": key},
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # the key: guarded server, never written or printed
     assert key not in out.stdout + out.stderr
-    (variant,) = json.loads((workdir / "results" / "keyed" / "sweep.json").read_text())["variants"]
-    assert variant["status"] == "ok", variant.get("error")
-    assert variant["effective"]["process.env.VLLM_API_KEY"] == "***"  # the server was guarded
-    assert not any("--api-key" in a for a in variant["launch"]["nodes"][0]["argv"])
-    for case in variant["cases"].values():
-        assert case["failed_requests"] == 0
-        assert case["summary"]["output_tok_s"]["median"] > 0
-    assert variant["suite"]["cases"] and not [
-        c["name"] for c in variant["suite"]["cases"] if "401" in (c.get("reason") or "")
-    ]
+    for v in (base, k3):
+        assert v["effective"]["process.env.VLLM_API_KEY"] == "***"  # the server was guarded
+        assert not any("--api-key" in a for a in v["launch"]["nodes"][0]["argv"])
     searched = [p for p in workdir.rglob("*") if p.is_file()]
     assert {"mlflow.db", "server.log"} <= {p.name for p in searched}
     assert any("mlruns" in p.parts for p in searched)  # the MLflow artifacts
     for path in searched:
         assert key.encode() not in path.read_bytes(), path
-    assert processes_with(marker) == []
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("e2e")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("specexp.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("specexp.kind") == "variant"]
+    assert len(parents) == 1 and len(children) == 2
+    assert all(r.info.status == "FINISHED" for r in runs)
+    k3_run = next(r for r in children if r.data.tags["specexp.label"] == "ngram-k3")
+    assert k3_run.data.metrics["concurrent4.acceptance_rate"] > 0
+    assert "single.decode_tok_s.vs_baseline" in k3_run.data.metrics
+    assert k3_run.data.metrics["regression.passed"] == sum(1 for c in k3_cases if c["passed"])
+    assert k3_run.data.metrics["regression.regressions"] == sum(1 for c in k3_cases if c["regression"])
+    assert 0 <= k3_run.data.metrics["equivalence.rate"] <= 1
+    names = {a.path for a in client.list_artifacts(k3_run.info.run_id)}
+    expected = {"config.yaml", "launch.json", "result.json", "suite.json", "requests.jsonl", "logs"}
+    assert expected <= names
+    assert [a.path for a in client.list_artifacts(k3_run.info.run_id, "logs")] == ["logs/server.log"]
