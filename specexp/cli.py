@@ -90,7 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         "--objective", action="append", metavar="CASE[.METRIC][:max|:min]", help="repeat for a Pareto front"
     )
     tu.add_argument("--strategy", help="model (depth model + TPE, default), tpe, grid, random")
-    tu.add_argument("--margin", type=float, help="skip candidates that, allowing for the model's worst miss, are not this much better (0.05)")
+    tu.add_argument(
+        "--margin",
+        type=float,
+        help="skip candidates that, allowing for the model's worst miss, are not this much better (0.05)",
+    )
     tu.add_argument("--seed", type=int, help="sampler seed")
     tu.add_argument("--write-experiment", metavar="NAME", help="write conf/experiment/NAME.yaml (the result)")
     vf = sub.add_parser("verify", help="diff a live server's effective config against a recommendation")
