@@ -867,6 +867,10 @@ class Tuner:
             first[p.key] = values[0] if values else (p.low + p.high) / 2
         return first
 
+    def _started_keys(self) -> set[str]:
+        """Candidates some trial launched a server for (measured, failed or interrupted)."""
+        return {_attr(t, "key") for t in self.study.get_trials(deepcopy=False) if _attr(t, "started")}
+
     def after_measure(self) -> None:
         """Under the model strategy: queue, per objective, the candidate predicted best among
         those not started yet and not ruled out (after a miss, the next one the model would
@@ -876,7 +880,7 @@ class Tuner:
         cands = self.all_candidates()
         if cands is None:
             return
-        started = {_attr(t, "key") for t in self.study.get_trials(deepcopy=False) if _attr(t, "started")}
+        started = self._started_keys()
         for o in self.plan.objectives:
             best: tuple[float, Candidate] | None = None
             for c in cands:
@@ -899,7 +903,7 @@ class Tuner:
 
     def ruled_out(self) -> list[tuple[Candidate, Prediction, str]]:
         """Candidates of a finite space never started because the model ruled them out."""
-        settled = {_attr(t, "key") for t in self.study.get_trials(deepcopy=False) if _attr(t, "started")}
+        settled = self._started_keys()
         out = []
         for c in self.all_candidates() or []:
             if c.variant.is_baseline or c.key in settled or c.key in self.results:
