@@ -16,6 +16,10 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 GPUSTACK_REAL = "tests/e2e/test_gpustack_real.py"
 
 
+def _starts_vllm(nodeid: str) -> bool:
+    return nodeid.startswith("tests/e2e/") and not nodeid.startswith(GPUSTACK_REAL)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's ``loadscope`` (a test module stays on one worker, so module fixtures such as
     a network-namespace cluster are made once), with every test that starts real vLLM in
@@ -27,9 +31,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class RealServersInTurn(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/e2e/") and not nodeid.startswith(GPUSTACK_REAL):
-                return "e2e"
-            return super()._split_scope(nodeid)
+            return "e2e" if _starts_vllm(nodeid) else super()._split_scope(nodeid)
 
     return RealServersInTurn(config, log)
 
@@ -38,6 +40,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that start real vLLM first: they are the longest path, so the worker that
     runs them starts on them while the other takes the rest (every worker collects the
     same order)."""
-    items.sort(
-        key=lambda item: not item.nodeid.startswith("tests/e2e/") or item.nodeid.startswith(GPUSTACK_REAL)
-    )
+    items.sort(key=lambda item: not _starts_vllm(item.nodeid))
