@@ -55,6 +55,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -200,9 +202,17 @@ def run_peer(plan: LaunchPlan, tmp: Path, workload: Path) -> float:
         "--serve-params", str(tmp / "serve.json"), "--bench-params", str(tmp / "bench.json"),
         "--num-runs", str(PEER_RUNS), "-o", str(tmp / "peer"), "-e", "grid",
     ]  # fmt: skip
+    # the peer's servers put their sockets and rendezvous files in TMPDIR: give it one of ours
+    scratch = tmp / "peer-tmp"
+    scratch.mkdir()
+    env = launch_env(dict(plan.head.env)) | {"TMPDIR": str(scratch)}
+    shm_before = shm_entries()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=launch_env(dict(plan.head.env)), capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    removed = remove_stale_shm(shm_before)
+    if removed:
+        print(f"  removed what the peer's servers left in {SHM}: {len(removed)} entries", flush=True)
     (tmp / "peer.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     runs = sorted((tmp / "peer" / "grid").glob("SERVE-*-BENCH-*/run=*.json"))
     if proc.returncode != 0:
@@ -210,6 +220,36 @@ def run_peer(plan: LaunchPlan, tmp: Path, workload: Path) -> float:
             sys.exit(f"vllm bench sweep serve failed ({proc.returncode}); its output: {tmp / 'peer.log'}")
         print("  (the peer's closing step failed, every run done; its output: peer.log)")
     return wall
+
+
+SHM = Path("/dev/shm")
+# what a killed vLLM process tree leaves in shared memory: its message queues' segments,
+# multiprocessing's semaphores, Intel OpenMP's per-process registration
+SHM_LEFTOVERS = ("psm_", "sem.mp-", "__KMP_REGISTERED_LIB_")
+
+
+def shm_entries(shm: Path = SHM) -> set[str]:
+    return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+
+
+def remove_stale_shm(before: set[str], shm: Path = SHM) -> list[str]:
+    """Remove the shared-memory entries of the kinds above that appeared since ``before`` and
+    that no live process has mapped or open (the peer stops its servers with a kill, and the
+    segments of a killed process are never unlinked)."""
+    new = sorted(n for n in shm_entries(shm) - before if n.startswith(SHM_LEFTOVERS))
+    if not new:
+        return []
+    in_use: set[str] = set()
+    for proc in psutil.process_iter():
+        try:
+            paths = [m.path for m in proc.memory_maps()] + [f.path for f in proc.open_files()]
+        except psutil.Error:
+            continue
+        in_use.update(Path(p).name for p in paths if Path(p).parent == shm)
+    removed = [n for n in new if n not in in_use]
+    for name in removed:
+        (shm / name).unlink(missing_ok=True)
+    return removed
 
 
 def run_specexp(tmp: Path, workload: Path, extra: list[str]) -> float:
