@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument(
         "--margin",
         type=float,
-        help="skip candidates that, allowing for the model's worst miss, are not this much better (0.05)",
+        help="skip candidates that, allowing twice the model's worst miss, are not this much better (0.05)",
     )
     tu.add_argument("--seed", type=int, help="sampler seed")
     tu.add_argument("--write-experiment", metavar="NAME", help="write conf/experiment/NAME.yaml (the result)")

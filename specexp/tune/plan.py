@@ -37,8 +37,8 @@ class SearchFile:
     constraints: list[str] = field(default_factory=lambda: list(CONSTRAINT_NAMES))
     n_trials: int = 8
     strategy: str = "model"
-    # The depth model skips a candidate that, even as far above its prediction as the
-    # model's worst miss so far, would not beat the best measured figure by more than this.
+    # The depth model skips a candidate that, even twice the model's worst miss so far
+    # above its prediction, would not beat the best measured figure by more than this.
     margin: float = 0.05
     seed: int = 0
 
