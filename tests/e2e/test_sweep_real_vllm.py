@@ -149,7 +149,7 @@ def test_a_keyed_interleaved_depth_sweep_runs_real_vllm_and_logs_to_mlflow(workd
     # the exact-length prompt is exactly that long as the server counts it
     for v in (base, k3):
         long_input = v["cases"]["long_input"]
-        assert {q["prompt_tokens"] for t in long_input["trials"] for q in t["requests"]} == {1024}
+        assert {q["prompt_tokens"] for t in long_input["trials"] for q in t["requests"]} == {256}
         assert long_input["summary"]["prompt_tokens_mismatch"]["max"] == 0
     acc = k3["cases"]["concurrent4"]["summary"]
     assert 0 < acc["acceptance_rate"]["median"] <= 1 and acc["acceptance_length"]["median"] > 1

@@ -1,5 +1,5 @@
 """The shipped agent traffic file replayed on the real CPU build of vLLM: ngram k=3 against
-its baseline, slice by slice, sessions as conversations; 32 tokens per answer keep it short."""
+its baseline, slice by slice, sessions as conversations; 16 tokens per answer keep it short."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_agent_traffic_per_slice_on_real_vllm(workdir: Path) -> None:
             "bench=traffic",
             "bench.trials=4",
             "bench.order=interleaved",
-            "bench.cases.agent.max_tokens=32",
+            "bench.cases.agent.max_tokens=16",
             "suite=none",
             "tracking=none",
             "--name",

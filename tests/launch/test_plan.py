@@ -81,6 +81,24 @@ def test_cpu_plan_is_eager_with_cpu_env_and_one_json_speculative_argument(
     assert p.base_url == "http://127.0.0.1:8123"
 
 
+def test_one_cpu_worker_runs_in_the_engine_core_unless_the_server_env_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plan_mod, "detect_device", lambda requested: "cpu")
+    cases = {
+        "one": ["spec=none"],
+        "tp2": ["spec=none", "server.tensor_parallel_size=2"],
+        "kept": ["spec=none", "+server.env.VLLM_ENABLE_V1_MULTIPROCESSING=1"],
+    }
+    env = {}
+    for name, overrides in cases.items():
+        (v,) = plan_sweep(overrides, with_baseline=False)
+        env[name] = build_plan(v, port=1, resolve_model=False).head.env
+    assert env["one"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env["tp2"]  # several workers: vLLM's mp executor
+    assert env["kept"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
 def test_baseline_has_no_speculative_config_and_user_flags_come_last() -> None:
     (v,) = plan_sweep(
         ["spec=none", 'server.extra_args=["--max-num-seqs=8"]', "server.block_size=32"],
