@@ -59,6 +59,27 @@ if TYPE_CHECKING:
 
 Say = Callable[[str], None]
 _LOOPBACK_BIND = ("127.0.0.1", "localhost", "::1")
+# Run on a node at teardown with the launch's run folder as $1: what killed processes left in
+# /dev/shm since the folder was made (its .since, dated two seconds back, is never written
+# again). Intel OpenMP (preloaded on CPU) registers every process as
+# __KMP_REGISTERED_LIB_<pid>_<uid> and a killed one never removes it; a process killed inside
+# Python's multiprocessing leaves its named semaphore (sem.mp-*). A file goes only when its
+# process is gone or no live process has it mapped: a live process's files stay, ours or not.
+_STALE_SHM = r"""
+cd /dev/shm 2>/dev/null || exit 0
+for f in __KMP_REGISTERED_LIB_* sem.mp-*; do
+  [ -e "$f" ] && [ "$f" -nt "$1/.since" ] || continue
+  case "$f" in
+    __KMP_REGISTERED_LIB_*)
+      pid=${f#__KMP_REGISTERED_LIB_}; pid=${pid%%_*}
+      # alive, and not a zombie its parent has yet to reap
+      [ -d "/proc/$pid" ] && ! grep -qs '^State:[[:space:]]*Z' "/proc/$pid/status" && continue ;;
+    *) grep -qsF "/dev/shm/$f" /proc/[0-9]*/maps && continue ;;
+  esac
+  rm -f -- "$f"
+done
+exit 0
+"""
 
 
 @dataclass
@@ -80,7 +101,6 @@ class _NodeRun:
     lost: str | None = None  # why the SSH connection is gone
     ended: bool = False  # its output ended (exit, or connection lost)
     run_dir: str | None = None
-    pids: set[int] = field(default_factory=set)  # every process of its group seen at stop
 
     @property
     def name(self) -> str:
@@ -251,7 +271,8 @@ class MultinodeLauncher(StartStopContext):
         for run in self._runs:
             # vLLM's IPC sockets and temp files go to a folder of this launch, removed on stop
             run.run_dir = f"/tmp/specexp-{self.plan.variant_hash}-{token}-n{run.rank}"
-        await asyncio.gather(*(r.node.run(["mkdir", "-p", r.run_dir or ""]) for r in self._runs if r.node))
+        made = ["sh", "-c", 'mkdir -p -- "$1" && touch -d "2 seconds ago" -- "$1/.since"', "sh"]
+        await asyncio.gather(*(r.node.run([*made, r.run_dir or ""]) for r in self._runs if r.node))
         self._t0 = time.perf_counter()
         grace = self.config.stop_timeout_s
         procs = await asyncio.gather(
@@ -546,34 +567,20 @@ class MultinodeLauncher(StartStopContext):
         flags = await asyncio.gather(*(check(r) for r in self._runs))
         return [r for r, alive in zip(self._runs, flags, strict=True) if alive]
 
-    async def _note_pids(self) -> None:
-        async def one(run: _NodeRun) -> None:
-            if run.proc is not None and run.node is not None and run.lost is None:
-                with contextlib.suppress(LaunchError):
-                    run.pids |= {p.pid for p in await probes.processes(run.node) if p.pgid == run.proc.pgid}
-
-        await asyncio.gather(*(one(r) for r in self._runs))
-
     async def _term(self) -> None:
-        await self._note_pids()
         await self._signal_all("TERM")
 
     async def _clean(self, run: _NodeRun) -> None:
-        """Remove what the launch left on the node: its run folder, and the files Intel
-        OpenMP (preloaded on CPU) registers per process in /dev/shm and never removes when
-        the process is killed."""
+        """Remove what the launch left on the node: its run folder, and what killed processes
+        leave in /dev/shm (``_STALE_SHM``)."""
         if run.proc is not None:
             await run.proc.wait_closed(5)
         node = await self._reach(run) if run.run_dir else None
         if node is None or not run.run_dir:
             return
         with contextlib.suppress(LaunchError):
+            await node.run(["sh", "-c", _STALE_SHM, "sh", run.run_dir])
             await node.run(["rm", "-rf", "--", run.run_dir])
-            if run.pids:
-                names: list[str] = []
-                for pid in sorted(run.pids):
-                    names += [*(["-o"] if names else []), "-name", f"__KMP_REGISTERED_LIB_{pid}_*"]
-                await node.run(["find", "/dev/shm", "-maxdepth", "1", "(", *names, ")", "-delete"])
 
     def request_stop(self) -> None:
         if self._loop is None or self._stop_sent or self._stopped:

@@ -47,5 +47,20 @@ def stale_openmp(before: set[str]) -> list[str]:
     return out
 
 
+def stale_semaphores(before: set[str]) -> list[str]:
+    """Python multiprocessing's named semaphores that appeared since ``before`` (names in
+    /dev/shm) and that no live process has mapped: a process killed while it held one."""
+    new = {p.name for p in SHM.glob("sem.mp-*")} - before
+    if not new:
+        return []
+    mapped: set[str] = set()
+    for proc in psutil.process_iter():
+        try:
+            mapped.update(Path(m.path).name for m in proc.memory_maps() if m.path.startswith("/dev/shm/"))
+        except psutil.Error:
+            continue
+    return sorted(new - mapped)
+
+
 def temp_leftovers(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.iterdir())

@@ -18,6 +18,7 @@ from specexp.errors import LaunchError
 from specexp.launch.base import create_launcher
 from specexp.launch.multinode import MultinodeLauncher
 from specexp.launch.plan import build_plan
+from tests.e2e.leftovers import SHM, stale_openmp, stale_semaphores
 from tests.helpers import require_vllm, run_cli
 from tests.launch.test_multinode import group_members, nothing_left
 from tests.netns_cluster import Cluster, cluster, wait_until
@@ -111,6 +112,7 @@ def test_seed_hang_reproduced_doctor_names_it_and_gloo_socket_ifname_fixes_it(tm
 
 def test_a_follower_killed_during_a_real_startup(tmp_path: Path) -> None:
     require_vllm()
+    shm_before = {p.name for p in SHM.iterdir()}
     with cluster(2) as c:
         ln = real_launcher(c, tmp_path)
         with pytest.raises(LaunchError) as info, ln:
@@ -130,6 +132,8 @@ def test_a_follower_killed_during_a_real_startup(tmp_path: Path) -> None:
         )
         assert group_members(c, ln) == []  # the head, waiting for its follower, went too
         nothing_left(c)
+    # the killed follower's OpenMP registration and multiprocessing semaphore went with it
+    assert stale_openmp(shm_before) == [] and stale_semaphores(shm_before) == []
 
 
 def _pgid(pid: int) -> int | None:
